@@ -1,0 +1,411 @@
+"""Typed configuration: the single source of truth for every knob.
+
+Each section is a dataclass; every field carries its documentation (paper default and the
+section of ``shared/design/aepo-algorithm.md`` it comes from, "§x.y") and its allowed range
+in the field's metadata, via :func:`knob`. A ``Config`` is built from a preset, then a YAML
+file, then dotted command-line overrides (``algorithm.clip_ratio_high=0.28 rollout.n=8``).
+Unknown keys and out-of-range values fail with a message naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names the key and the fix."""
+
+
+def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
+         le: float | None = None, choices: tuple | None = None, factory: Any = None) -> Any:
+    """A config field with its documentation and allowed values (checked by ``validate``)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
+    dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
+    tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
+    tiny_num_layers: int = knob(4, "Tiny model: transformer layers.", ge=1)
+    tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)
+    tiny_num_heads: int = knob(4, "Tiny model: attention heads.", ge=1)
+    tiny_num_kv_heads: int = knob(2, "Tiny model: key/value heads (GQA).", ge=1)
+    tiny_head_dim: int = knob(32, "Tiny model: head dimension.", ge=4)
+    tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
+    tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
+    lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
+    lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
+    lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    cache_dir: str = knob("~/.cache/aepo_rl", "Where the tiny model, tokenizer and search indexes are cached.")
+
+
+@dataclass
+class TaskConfig:
+    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.")
+    seed: int = knob(0, "Seed of the synthetic world and its questions.")
+    num_train: int = knob(512, "Synthetic: training questions.", ge=1)
+    num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
+    num_test: int = knob(64, "Synthetic: held-out test questions.", ge=1)
+    max_hops: int = knob(2, "Synthetic: most searches a question needs (1-3).", ge=1, le=3)
+    arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
+    teacher_error_rate: float = knob(0.2, "Synthetic: share of teacher demonstrations with a deliberate error (§5 cold start headroom).", ge=0, le=1)
+    num_demonstrations: int = knob(1024, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
+    train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
+    val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
+    reward: str = knob("deep_research", "Reward function (§3).", choices=("deep_research", "exact_match", "f1", "math", "llm_judge"))
+    judge_url: str | None = knob(None, "OpenAI-compatible endpoint for the llm_judge reward.")
+    judge_model: str = knob("Qwen2.5-72B-Instruct", "Judge model name (§3).")
+    search_url: str | None = knob(None, "Search-R1 /retrieve server URL; None searches in-process.")
+    search_topk: int = knob(3, "Search results per query.", ge=1)
+    corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = knob("aepo", "Tree rollout mode (§1): aepo, arpo, or independent (GRPO: m = n, no branching).", choices=("aepo", "arpo", "independent"))
+    n: int = knob(8, "Trajectories per prompt, n (§1; release: 12 or 16).", ge=1)
+    premonitor: bool = knob(True, "aepo mode: choose m per prompt by entropy pre-monitoring (§1.3; both release scripts switch it off).")
+    global_samples: int | None = knob(None, "Fixed global samples m (§1.3); None = pre-monitoring in aepo mode when premonitor is on, else n/2 (release: 6 of 12).", ge=1)
+    premonitor_formula: str = knob("paper", "Pre-monitoring formula (§1.3): paper m = n·σ(β(H_root − H_tool)) rounded, or release floor(...)+1 clamped.", choices=("paper", "release"))
+    premonitor_beta: float = knob(0.5, "Pre-monitoring sensitivity β (§1.3; release 0.5).", ge=0)
+    premonitor_probe_tokens: int = knob(50, "Tokens of the root-entropy probe (§1.3; release 50).", ge=1)
+    branch_threshold: float = knob(0.5, "Branch iff P_t ≥ τ (§1.4; release branch_probability 0.5).", ge=0, le=1)
+    entropy_weight: float = knob(0.2, "Weight w of ΔH in P_t = U + w·ΔH (§1.4; release 0.2).", ge=0)
+    branch_penalty: float = knob(0.05, "Consecutive-branch penalty slope λ, P̂(l) = λ·l (§1.4; release 0.05).", ge=0, le=1)
+    penalty_scope: str = knob("path", "Counter l of consecutive branching steps: per path (paper) or per prompt-round (release) (§1.4).", choices=("path", "prompt_round"))
+    branch_factor: int = knob(1, "Z: children per branching decision (§1.4; release beam_size − 1 = 1).", ge=1)
+    entropy_k_tokens: int = knob(20, "Step entropy over the first k tokens of a segment (§1.2; release 20).", ge=1)
+    entropy_measure: str = knob("full", "Step entropy: mean full-vocabulary entropy (default) or the release's top-10 proxy sum / ln|V| (§1.2).", choices=("full", "top10_proxy"))
+    entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy (default) or the release's slot-keyed, never-reset one (§1.4).", choices=("lineage", "slot_persistent"))
+    entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
+    restarts: bool = knob(True, "Start a fresh trajectory when a prompt has none active and fewer than n (§1.5).")
+    temperature: float = knob(1.0, "Sampling temperature for training rollouts (§1.1).", gt=0)
+    top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
+    top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
+    max_prompt_length: int = knob(256, "Longest prompt in tokens.", ge=1)
+    max_response_length: int = knob(256, "Response budget: model + tool tokens (§1.1; release 6192).", ge=1)
+    max_tokens_per_round: int = knob(128, "Most tokens the model generates in one round.", ge=1)
+    max_tool_response_tokens: int = knob(96, "Tool results are truncated to this many tokens.", ge=1)
+    call_limit: int = knob(6, "Most tool calls per trajectory (§1.1; release 6).", ge=0)
+    tool_format: str = knob("xml", "Tool-call format: the release's XML tags or Hermes <tool_call>{json}</tool_call>.", choices=("xml", "hermes"))
+    tool_timeout: float = knob(10.0, "Per-call tool timeout in seconds.", gt=0)
+    tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
+    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=("hf", "vllm", "openai"))
+    engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai.")
+    seed: int = knob(0, "Sampling seed.")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Policy loss and advantage settings; ``aepo_rl.algorithms.PolicyLossConfig`` is this class."""
+
+    policy_loss: str = knob("aepo", "Policy loss (§2, §4).", choices=("ppo", "grpo", "dapo", "gppo", "cispo", "gspo", "aepo"))
+    adv_estimator: str = knob("grpo", "Advantage estimator (§2.1, §4).", choices=("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gigpo"))
+    clip_ratio_low: float = knob(0.2, "ε_l, lower clip (§2.3; release 0.2).", ge=0, le=1)
+    clip_ratio_high: float = knob(0.2, "ε_h, upper clip (§2.3; release 0.2; DAPO/GPPO 0.28).", ge=0)
+    clip_ratio_c: float = knob(3.0, "Dual-clip bound c for A < 0 (§2.3; release 3).", gt=1)
+    loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.4).", choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    entropy_adv_coef: float = knob(0.2, "a in Ã = A·(1 + a·z) (§2.2; release 0.2, silently off); 0 disables.", ge=0)
+    entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
+    entropy_adv_clamp: bool = knob(False, "Clamp the scale 1 + a·z at 0 (§2.2).")
+    grad_preserve_entropy_quantile: float | None = knob(None, "Preserve the upper-clip gradient only for tokens above this entropy quantile (§2.3 paper); None = every token (release).", ge=0, le=1)
+    gamma: float = knob(1.0, "Discount γ for REINFORCE++ returns (§4).", ge=0, le=1)
+    norm_adv_by_std: bool = knob(True, "Divide group advantages by their std (False = Dr.GRPO) (§4).")
+    gigpo_step_weight: float = knob(1.0, "ω: weight of GiGPO's step advantage (§4).", ge=0)
+    use_kl_loss: bool = knob(False, "KL to the reference as a loss term (§2.4: off in the release).")
+    kl_loss_coef: float = knob(0.001, "KL loss coefficient.", ge=0)
+    kl_loss_type: str = knob("low_var_kl", "KL estimator: k1, k2, k3 (= low_var_kl).", choices=("k1", "k2", "k3", "low_var_kl"))
+    use_kl_in_reward: bool = knob(False, "KL penalty folded into token rewards (REINFORCE++).")
+    kl_coef: float = knob(0.001, "KL-in-reward coefficient.", ge=0)
+    entropy_coeff: float = knob(0.0, "Entropy bonus coefficient (§2.4: 0 in the release).", ge=0)
+    dynamic_sampling: bool = knob(False, "DAPO: drop groups whose rewards are all equal (§4).")
+    overlong_buffer_len: int = knob(0, "DAPO overlong shaping: soft-penalty window in tokens; 0 = off (§4).", ge=0)
+    overlong_penalty_factor: float = knob(1.0, "DAPO overlong shaping: penalty at the hard limit.", ge=0)
+
+
+@dataclass
+class SFTConfig:
+    epochs: int = knob(3, "Cold-start SFT epochs (§5; release 3).", ge=0)
+    lr: float = knob(1e-3, "Peak learning rate (release 7e-6 for 14B models; a tiny model needs far more).", gt=0)
+    batch_size: int = knob(16, "Sequences per optimizer step.", ge=1)
+    warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
+    weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
+    max_length: int = knob(512, "Demonstrations are truncated to this many tokens.", ge=8)
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = knob(20, "RL steps (§5; release 80).", ge=0)
+    batch_size: int = knob(8, "Prompts per RL step (§2.4; release 64).", ge=1)
+    mini_batch_size: int = knob(4, "Prompts per optimizer step (§2.4; release 8).", ge=1)
+    micro_batch_size: int = knob(16, "Sequences per forward/backward (gradient accumulation bounds memory).", ge=1)
+    ppo_epochs: int = knob(1, "Passes over each RL batch (§2.4; release 1).", ge=1)
+    lr: float = knob(1e-4, "AdamW learning rate (release 1e-6 for 14B models).", gt=0)
+    weight_decay: float = knob(0.01, "AdamW weight decay (§2.4).", ge=0)
+    grad_clip: float = knob(1.0, "Gradient-norm clip (§2.4).", gt=0)
+    lr_schedule: str = knob("constant", "Learning-rate schedule (§2.4: constant).", choices=("constant", "cosine"))
+    warmup_steps: int = knob(0, "Linear warm-up steps.", ge=0)
+    bf16: bool = knob(False, "bf16 autocast for the forward passes.")
+    eval_every: int = knob(0, "Evaluate every k steps (0 = only before and after).", ge=0)
+    save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
+    rollouts_to_save: int = knob(16, "Trajectories written to rollouts/step_<k>.jsonl each step.", ge=0)
+    run_dir: str = knob("runs", "Parent folder of runs.")
+    run_name: str | None = knob(None, "Run folder name; None = '<preset>-<timestamp>'.")
+    seed: int = knob(0, "Seed of data order, initialisation and sampling.")
+    tensorboard: bool = knob(True, "Write TensorBoard event files.")
+    wandb_project: str | None = knob(None, "Log to Weights & Biases under this project when wandb is installed.")
+
+
+@dataclass
+class EvalConfig:
+    split: str = knob("test", "Split evaluated before and after RL.")
+    samples: int = knob(4, "Samples per question K for pass@k (§5; paper 5).", ge=1)
+    num_questions: int | None = knob(None, "Evaluate only the first N questions; None = all.", ge=1)
+    greedy: bool = knob(False, "Greedy decoding (pass@1 from one sample).")
+    temperature: float = knob(0.6, "Evaluation temperature (§5: 0.6).", gt=0)
+    top_p: float = knob(0.95, "Evaluation top_p (§5: 0.95).", gt=0, le=1)
+    top_k: int = knob(20, "Evaluation top_k (§5: 20).", ge=0)
+
+
+@dataclass
+class Config:
+    preset: str = knob("aepo", "Name of the preset this config started from.")
+    model: ModelConfig = knob(None, "Policy model.", factory=ModelConfig)
+    task: TaskConfig = knob(None, "Task, tools' data and reward.", factory=TaskConfig)
+    rollout: RolloutConfig = knob(None, "Tree rollout (§1).", factory=RolloutConfig)
+    algorithm: AlgorithmConfig = knob(None, "Policy update (§2).", factory=AlgorithmConfig)
+    sft: SFTConfig = knob(None, "Cold-start SFT (§5).", factory=SFTConfig)
+    trainer: TrainerConfig = knob(None, "RL loop.", factory=TrainerConfig)
+    eval: EvalConfig = knob(None, "Evaluation.", factory=EvalConfig)
+
+
+# Presets: dotted overrides on top of the defaults (the defaults are the `aepo` preset,
+# the paper's intent). Each names the section of aepo-algorithm.md it follows.
+PRESETS: dict[str, dict[str, Any]] = {
+    "aepo": {},
+    # §1.3-§1.4 and §2.2-§2.4 (release): fixed m, release formulas and quirks, entropy-aware
+    # advantage silently off because entropy_coeff = 0, micro-batch statistics.
+    "official": {
+        "rollout.mode": "aepo", "rollout.penalty_scope": "prompt_round",
+        "rollout.entropy_measure": "top10_proxy", "rollout.entropy_baseline": "slot_persistent",
+        "rollout.entropy_segment": "previous", "rollout.premonitor_formula": "release",
+        "rollout.premonitor": False, "algorithm.policy_loss": "aepo",
+        "algorithm.entropy_adv_coef": 0.0, "algorithm.entropy_adv_scope": "micro-batch",
+    },
+    "arpo": {"rollout.mode": "arpo", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
+    "grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
+    "dapo": {"rollout.mode": "independent", "algorithm.policy_loss": "dapo", "algorithm.clip_ratio_high": 0.28,
+             "algorithm.dynamic_sampling": True, "algorithm.overlong_buffer_len": 64,
+             "algorithm.entropy_adv_coef": 0.0},
+    "gppo": {"rollout.mode": "independent", "algorithm.policy_loss": "gppo", "algorithm.clip_ratio_high": 0.28,
+             "algorithm.entropy_adv_coef": 0.0},
+    "cispo": {"rollout.mode": "independent", "algorithm.policy_loss": "cispo", "algorithm.clip_ratio_high": 0.28,
+              "algorithm.entropy_adv_coef": 0.0},
+    "gspo": {"rollout.mode": "independent", "algorithm.policy_loss": "gspo", "algorithm.clip_ratio_low": 0.0003,
+             "algorithm.clip_ratio_high": 0.0004, "algorithm.loss_agg_mode": "seq-mean-token-mean",
+             "algorithm.entropy_adv_coef": 0.0},
+    "reinforce_plus_plus": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo",
+                            "algorithm.adv_estimator": "reinforce_plus_plus", "algorithm.entropy_adv_coef": 0.0},
+    "gigpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.adv_estimator": "gigpo",
+              "algorithm.entropy_adv_coef": 0.0},
+    "dr_grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.adv_estimator": "dr_grpo",
+                "algorithm.norm_adv_by_std": False, "algorithm.loss_agg_mode": "seq-mean-token-sum-norm",
+                "algorithm.entropy_adv_coef": 0.0},
+}
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.0)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML / command-line value to the field's declared type."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "~")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.strip("[]").split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v.strip() if isinstance(v, str) else v, args[0], key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if value is None:
+            raise ConfigError(f"{key}: expected a string, got null")
+        return str(value)
+    return value
+
+
+def set_key(cfg: Config, dotted: str, value: Any) -> None:
+    """Set ``section.field`` (or a top-level field) on ``cfg``, coercing the value's type."""
+    parts = dotted.split(".")
+    obj: Any = cfg
+    for depth, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(obj)]
+        if part not in names:
+            prefix = ".".join(parts[:depth])
+            full = [f"{prefix}.{n}" if prefix else n for n in names]
+            raise ConfigError(f"unknown config key '{dotted}'{_closest(dotted, full)}")
+        tp = _field_types(type(obj))[part]
+        if depth == len(parts) - 1:
+            if _is_section(tp):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"'{dotted}' is a section; set one of its keys, e.g. {dotted}.<key>=…")
+                for k, v in value.items():
+                    set_key(cfg, f"{dotted}.{k}", v)
+            else:
+                setattr(obj, part, _coerce(value, tp, dotted))
+            return
+        if not _is_section(tp):
+            raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' is not a section; '{dotted}' cannot be set")
+        obj = getattr(obj, part)
+
+
+def validate(cfg: Config) -> Config:
+    """Check every field against its allowed range or choices; return ``cfg``."""
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(obj):
+            continue
+        for f in dataclasses.fields(obj):
+            value, meta, key = getattr(obj, f.name), f.metadata, f"{section.name}.{f.name}"
+            if value is None:
+                continue
+            if meta.get("choices") and value not in meta["choices"]:
+                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(meta['choices'])}")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ConfigError(f"{key}={value} must be a finite number")
+                bounds = []
+                if meta.get("ge") is not None and value < meta["ge"]:
+                    bounds.append(f">= {meta['ge']}")
+                if meta.get("gt") is not None and value <= meta["gt"]:
+                    bounds.append(f"> {meta['gt']}")
+                if meta.get("le") is not None and value > meta["le"]:
+                    bounds.append(f"<= {meta['le']}")
+                if bounds:
+                    raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
+    if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
+        raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
+    if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
+        raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
+    return cfg
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are read as YAML scalars (``0.28``, ``true``, ``[a,b]``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
+                overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Build a config: preset defaults, then a YAML file, then dotted overrides; validated."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset '{preset}'{_closest(preset, list(PRESETS))} (presets: {', '.join(PRESETS)})")
+    cfg = Config(preset=preset)
+    for key, value in PRESETS[preset].items():
+        set_key(cfg, key, value)
+    if yaml_path is not None:
+        path = Path(yaml_path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        if "preset" in data and data["preset"] != preset:
+            return load_config(data["preset"], yaml_path, overrides)
+        for key, value in data.items():
+            if key == "preset":
+                continue
+            set_key(cfg, key, value)
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    for key, value in (overrides or {}).items():
+        set_key(cfg, key, value)
+    return validate(cfg)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a config from ``to_dict`` output (e.g. a run's config.yaml)."""
+    preset = data.get("preset", "aepo")
+    cfg = Config(preset=preset)
+    for key, value in data.items():
+        if key != "preset":
+            set_key(cfg, key, value)
+    return validate(cfg)
+
+
+def describe(cfg: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, documentation) for every field, for `aepo config show`."""
+    rows = []
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        if not dataclasses.is_dataclass(obj):
+            rows.append((section.name, obj, section.metadata.get("doc", "")))
+            continue
+        for f in dataclasses.fields(obj):
+            rows.append((f"{section.name}.{f.name}", getattr(obj, f.name), f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,68 @@
+"""Generation engine protocol: stateful sequences that grow round by round and can fork.
+
+The tree controller (``aepo_rl.rollout``) only talks to this protocol, so a scripted fake
+engine can stand in for a model in tests. A sequence is created from prompt token ids, grows
+by generated segments and by appended tool-result tokens, and can be forked: the child
+shares the parent's whole context (an engine reuses the parent's KV cache rather than
+prefilling it again; aepo-algorithm.md §1.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    """How one ``generate`` call samples (§1.1: training 1.0/1.0, validation greedy)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    stop: tuple[str, ...] = ()
+    """Generation of a sequence stops right after any of these strings (e.g. ``</search>``)."""
+
+
+@dataclass
+class Segment:
+    """What one ``generate`` call produced for one sequence."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """log π(token) under the model's untempered distribution (the policy being trained)."""
+    entropies: list[float]
+    """Full-vocabulary entropy (nats) of the untempered distribution at each generated position."""
+    top10_entropies: list[float] = field(default_factory=list)
+    """Release proxy per position (§1.2): −Σ p·log p over the 10 most likely tokens."""
+    finish_reason: str = "length"
+    """"stop" (a stop string was generated), "eos", or "length" (max_new_tokens reached)."""
+    stop_string: str | None = None
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """A batched generator over growing, forkable sequences."""
+
+    tokenizer: object
+    vocab_size: int
+
+    def add_sequence(self, prompt_token_ids: list[int]) -> int:
+        """Register a new sequence; returns its id. Prefill may happen lazily."""
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence with the same context as ``seq_id`` (KV cache copied, not recomputed)."""
+
+    def append(self, seq_id: int, token_ids: list[int]) -> None:
+        """Append tokens the model did not generate (a tool result); prefilled at the next generate."""
+
+    def generate(self, seq_ids: list[int], params: SamplingParams,
+                 max_new_tokens: list[int]) -> list[Segment]:
+        """Continue every sequence in one batch; each stops at EOS, a stop string or its budget."""
+
+    def release(self, seq_id: int) -> None:
+        """Free a finished sequence's cache."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters: ``prefill_tokens`` (context tokens computed), ``decode_tokens``."""

@@ -1,0 +1,58 @@
+"""Task protocol: questions with gold answers, the tools they need, a reward, demonstrations.
+
+A task hands the trainer chat-formatted prompts (``Example.messages``), the tools its agent
+may call, and a verl-style reward; the synthetic task also hands cold-start SFT its teacher
+demonstrations (aepo-algorithm.md §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from aepo_rl.tools.base import Tool
+
+
+@dataclass
+class Example:
+    """One question, in verl's RL data schema (architecture.md Contracts)."""
+
+    id: str
+    question: str
+    answers: list[str]
+    """Gold answers (any one counts)."""
+    data_source: str
+    messages: list[dict[str, str]]
+    """The prompt as chat messages (system with the tool protocol, then the user question)."""
+    ability: str = "agent"
+    extra_info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Demonstration:
+    """A teacher trajectory for SFT: alternating model text and tool results."""
+
+    example: Example
+    pieces: list[tuple[str, bool]]
+    """(text, trained) in order: model-written text is trained, tool results are not."""
+    has_error: bool = False
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def examples(self, split: str) -> list[Example]:
+        """Questions of a split ("train", "dev", "test")."""
+
+    def tools(self) -> dict[str, Tool]:
+        """Tools by tag, e.g. {"search": ..., "python": ...}."""
+
+    def reward(self, example: Example, response_text: str) -> float:
+        """Score of a decoded response (model text and <result> blocks), §3."""
+
+    def demonstrations(self) -> list[Demonstration]:
+        """Teacher trajectories for cold-start SFT (empty if the task has none)."""
+
+    def texts(self) -> list[str]:
+        """Representative text (corpus, prompts, demonstrations) to train a tokenizer on."""

@@ -1,0 +1,1 @@
+"""Cold-start SFT and the RL loop."""
