@@ -1,0 +1,97 @@
+"""Config system: presets, YAML round-trip, dotted overrides, error messages."""
+
+import dataclasses
+
+import pytest
+
+from aepo_rl.cli import main
+from aepo_rl.config import PRESETS, Config, ConfigError, from_dict, load_config, parse_overrides, to_dict, to_yaml
+
+
+def test_every_field_is_documented():
+    cfg = Config()
+    for section in dataclasses.fields(cfg):
+        assert section.metadata.get("doc"), section.name
+        obj = getattr(cfg, section.name)
+        if dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                assert f.metadata.get("doc"), f"{section.name}.{f.name} has no documentation"
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_yaml_round_trip(preset, tmp_path):
+    cfg = load_config(preset, overrides=["rollout.n=6", "task.train_files=[a.jsonl,b.jsonl]"])
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg))
+    again = load_config(preset, path)
+    assert to_dict(again) == to_dict(cfg)
+    assert to_dict(from_dict(to_dict(cfg))) == to_dict(cfg)
+
+
+def test_yaml_preset_key_selects_the_preset(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("preset: grpo\nrollout:\n  n: 5\n")
+    cfg = load_config("aepo", path)
+    assert cfg.preset == "grpo" and cfg.rollout.mode == "independent" and cfg.rollout.n == 5
+
+
+def test_overrides_are_typed():
+    cfg = load_config("aepo", overrides=["algorithm.clip_ratio_high=0.28", "rollout.n=8",
+                                         "rollout.restarts=false", "rollout.global_samples=null",
+                                         "model.lora_target_modules=[q_proj,v_proj]"])
+    assert cfg.algorithm.clip_ratio_high == 0.28 and isinstance(cfg.algorithm.clip_ratio_high, float)
+    assert cfg.rollout.n == 8 and cfg.rollout.restarts is False and cfg.rollout.global_samples is None
+    assert cfg.model.lora_target_modules == ["q_proj", "v_proj"]
+    assert parse_overrides(["a.b=1", "c.d=x y"]) == {"a.b": 1, "c.d": "x y"}
+
+
+def test_presets_set_what_they_claim():
+    assert load_config("official").rollout.penalty_scope == "prompt_round"
+    assert load_config("official").algorithm.entropy_adv_coef == 0.0
+    assert load_config("aepo").rollout.penalty_scope == "path"
+    assert load_config("aepo").algorithm.entropy_adv_coef == 0.2
+    assert load_config("dapo").algorithm.clip_ratio_high == 0.28
+    assert load_config("grpo").rollout.mode == "independent"
+    assert load_config("arpo").rollout.mode == "arpo"
+
+
+def test_unknown_key_names_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'algorithm.clip_ratio_hgh'.*algorithm.clip_ratio_high"):
+        load_config("aepo", overrides=["algorithm.clip_ratio_hgh=0.3"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollut.n'.*'rollout'"):
+        load_config("aepo", overrides=["rollut.n=3"])
+
+
+def test_unknown_preset_names_closest():
+    with pytest.raises(ConfigError, match=r"unknown preset 'offical'.*'official'"):
+        load_config("offical")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.clip_ratio_low=-0.1", r"algorithm.clip_ratio_low=-0.1 is out of range: it must be >= 0"),
+    ("rollout.n=0", r"rollout.n=0 is out of range: it must be >= 1"),
+    ("rollout.mode=beam", r"rollout.mode='beam' is not allowed; choose one of \['aepo', 'arpo', 'independent'\]"),
+    ("rollout.n=abc", r"rollout.n: expected an integer"),
+    ("rollout.n=2.5", r"rollout.n: expected an integer"),
+    ("rollout.restarts=maybe", r"rollout.restarts: expected true or false"),
+    ("algorithm.clip_ratio_c=1.0", r"algorithm.clip_ratio_c=1.0 is out of range: it must be > 1"),
+    ("rollout.global_samples=20", r"rollout.global_samples=20 must be <= rollout.n=8"),
+])
+def test_bad_values_name_field_and_range(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("aepo", overrides=[override])
+
+
+def test_bad_yaml_names_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config("aepo", path)
+
+
+def test_cli_config_show(capsys):
+    assert main(["config", "show", "--preset", "official", "--yaml", "rollout.n=12"]) == 0
+    out = capsys.readouterr().out
+    assert "preset: official" in out and "n: 12" in out and "penalty_scope: prompt_round" in out
+    assert main(["config", "show", "rollout.nn=3"]) == 2
+    assert "did you mean 'rollout.n'" in capsys.readouterr().err
