@@ -1,0 +1,3 @@
+from aepo_rl.cli import main
+
+raise SystemExit(main())
