@@ -161,6 +161,8 @@ class TrainerConfig:
     bf16: bool = knob(False, "bf16 autocast for the forward passes.")
     eval_every: int = knob(0, "Evaluate every k steps (0 = only before and after).", ge=0)
     save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
+    keep_checkpoints: int = knob(2, "Keep only the newest k step checkpoints (the SFT model is always kept).", ge=1)
+    max_gen_batches: int = knob(3, "DAPO dynamic sampling: most rollout batches per step to refill dropped groups (§4; verl max_num_gen_batches).", ge=1)
     rollouts_to_save: int = knob(16, "Trajectories written to rollouts/step_<k>.jsonl each step.", ge=0)
     run_dir: str = knob("runs", "Parent folder of runs.")
     run_name: str | None = knob(None, "Run folder name; None = '<preset>-<timestamp>'.")
@@ -178,6 +180,7 @@ class EvalConfig:
     temperature: float = knob(0.6, "Evaluation temperature (§5: 0.6).", gt=0)
     top_p: float = knob(0.95, "Evaluation top_p (§5: 0.95).", gt=0, le=1)
     top_k: int = knob(20, "Evaluation top_k (§5: 20).", ge=0)
+    batch_size: int = knob(16, "Questions per rollout call during evaluation (bounds engine memory).", ge=1)
 
 
 @dataclass

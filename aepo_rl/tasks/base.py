@@ -51,6 +51,9 @@ class Task(Protocol):
     def reward(self, example: Example, response_text: str) -> float:
         """Score of a decoded response (model text and <result> blocks), §3."""
 
+    def correct(self, example: Example, response_text: str) -> bool:
+        """The response's final answer is right (used for pass@k)."""
+
     def demonstrations(self) -> list[Demonstration]:
         """Teacher trajectories for cold-start SFT (empty if the task has none)."""
 

@@ -47,3 +47,29 @@ def get_tool(name: str, **options) -> Tool:
 
 def registered_tools() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def argument_error(arg: object, max_chars: int) -> str | None:
+    """Why a tool argument is unusable, as the error text ``run`` returns, or None if it is fine.
+
+    Rejects non-strings, arguments longer than ``max_chars``, and binary garbage: NUL and
+    other control bytes, lone surrogates (undecodable bytes) and U+FFFD replacement characters.
+    """
+    if not isinstance(arg, str):
+        return f"Error: the tool argument must be text, got {type(arg).__name__}."
+    if len(arg) > max_chars:
+        return f"Error: the tool argument has {len(arg)} characters; the limit is {max_chars}."
+    if not _GARBAGE.isdisjoint(arg) or _has_surrogate(arg):
+        return "Error: the tool argument contains binary data (control bytes or invalid unicode)."
+    return None
+
+
+_GARBAGE = frozenset(chr(c) for c in range(32) if chr(c) not in "\t\n\r\f") | {"\x7f", "\ufffd"}
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

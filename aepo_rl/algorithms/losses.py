@@ -1,0 +1,177 @@
+"""Policy losses (§2.3, §4) with verl's signature, sharing one clipped-surrogate core.
+
+Every loss is ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+config=None, entropy=None, *, entropy_stats=None, index=None) -> (loss, metrics)`` over
+[batch, response_len] tensors; ``config`` is ``AlgorithmConfig`` (= ``PolicyLossConfig``).
+Tokens with mask 0 are ignored everywhere: they change neither the loss nor any gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import AlgorithmConfig
+from . import entropy_adv
+from .aggregation import agg_loss
+from .registry import Registry
+from .tensors import check_tensors, masked_mean
+
+POLICY_LOSSES = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+
+# log(π/π_old) is clamped to ±20 before exp, as verl does, so r never overflows.
+LOG_RATIO_CLAMP = 20.0
+
+
+def get_policy_loss(name: str):
+    """The registered policy loss ``name`` (ValueError listing the valid names otherwise)."""
+    return POLICY_LOSSES.lookup(name)
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
+                      dual_clip: float | None = None, preserve_low: bool = False,
+                      preserve_high: bool | torch.Tensor = False) -> torch.Tensor:
+    """Per-token loss max(−A·r, −A·clip(r, 1−ε_l, 1+ε_h)), then min(·, −A·c) where A < 0 (§2.3).
+
+    A bound marked "preserve" keeps its value but passes gradient: clip(r) is replaced by
+    r·sg(clip(r)/r), i.e. (1+ε_h)·r/sg(r) at the upper bound (AEPO §2.3; GPPO §4 for both bounds),
+    whose gradient w.r.t. log π is (1+ε_h) instead of 0. ``preserve_high`` may be a bool tensor
+    selecting the tokens that get it (AEPO's high-entropy option). Forward values equal PPO's.
+    """
+    low, high = 1.0 - eps_low, 1.0 + eps_high
+    clipped = ratio.clamp(low, high)
+    preserve = None
+    if preserve_high is not False:
+        preserve = ratio > high if preserve_high is True else (ratio > high) & preserve_high
+    if preserve_low:
+        preserve = ratio < low if preserve is None else preserve | (ratio < low)
+    if preserve is not None:
+        clipped = torch.where(preserve, ratio * (clipped / ratio).detach(), clipped)
+    loss = torch.maximum(-adv * ratio, -adv * clipped)
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+    return loss
+
+
+def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy):
+    """Validate; return (config, bool mask, log π, log r, A, H) with every mask-0 position zeroed
+    (H is None when no entropy is given)."""
+    cfg = config if config is not None else AlgorithmConfig()
+    mask, t = check_tensors(response_mask, old_log_prob=old_log_prob.detach(), log_prob=log_prob,
+                            advantages=advantages.detach(), entropy=None if entropy is None else entropy.detach())
+    log_ratio = (t["log_prob"] - t["old_log_prob"]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return cfg, mask, t["log_prob"], log_ratio, t["advantages"], t.get("entropy")
+
+
+def _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra=None):
+    """Aggregate and compute the verl metrics (one host sync for all of them)."""
+    loss = agg_loss(loss_mat, mask, loss_agg_mode)
+    with torch.no_grad():
+        values = {
+            "actor/pg_loss": loss.detach(),
+            "actor/pg_clipfrac": masked_mean(upper.float(), mask),
+            "actor/pg_clipfrac_lower": masked_mean(lower.float(), mask),
+            "actor/ppo_kl": masked_mean(-log_ratio.detach(), mask),
+            **(extra or {}),
+        }
+        floats = torch.stack([v.float() for v in values.values()]).tolist()
+    return loss, dict(zip(values, floats))
+
+
+def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_low=False,
+               preserve_high=False, extra=None):
+    """Clipped surrogate + its metrics: pg_clipfrac = share of masked tokens with A > 0 and
+    r > 1+ε_h (upper bound active), pg_clipfrac_lower = A < 0 and r < 1−ε_l (lower bound active)."""
+    loss_mat = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
+                                 preserve_low, preserve_high)
+    upper = (adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)
+    lower = (adv < 0) & (ratio < 1.0 - cfg.clip_ratio_low)
+    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra)
+
+
+@register_policy_loss("ppo", "grpo", "dapo")
+def ppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                    config=None, entropy=None, *, entropy_stats=None, index=None):
+    """PPO/GRPO clipped surrogate with dual clip c (§2.3, §4). DAPO's clip-higher (§4) is this
+    loss with ε_h > ε_l (``clip_ratio_high`` = 0.28 in the ``dapo`` preset)."""
+    cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
+    return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c)
+
+
+@register_policy_loss("gppo")
+def gppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                     config=None, entropy=None, *, entropy_stats=None, index=None):
+    """GPPO (§4): both clip bounds gradient-preserving, (1∓ε)·r/sg(r); dual clip kept."""
+    cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
+    return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
+                      preserve_low=True, preserve_high=True)
+
+
+def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Tokens whose entropy is at or above the ``quantile`` of this micro-batch's masked tokens (§2.3 paper)."""
+    values = entropy.detach()[mask]
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(values.float(), quantile).to(entropy.dtype)
+    return entropy.detach() >= threshold
+
+
+@register_policy_loss("aepo")
+def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                     config=None, entropy=None, *, entropy_stats=None, index=None):
+    """AEPO entropy-balanced policy optimization (§2.2 + §2.3).
+
+    Ã = A·(1 + a·z), z = (H − mean H)/std H from the detached ``entropy`` (a = entropy_adv_coef,
+    clamped at 0 if entropy_adv_clamp). mean/std: ``entropy_stats`` if given (the trainer's
+    mini-batch or group statistics), else per group of ``index`` when entropy_adv_scope is
+    "group", else this micro-batch's masked tokens. Then the clipped surrogate with the
+    stop-gradient upper bound (1+ε_h)·r/sg(r), hard lower bound and dual clip; with
+    grad_preserve_entropy_quantile = q only tokens with H ≥ the q-quantile keep the upper-bound
+    gradient (the others are hard-clipped as in PPO).
+    """
+    cfg, mask, _, log_ratio, adv, entropy = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
+    quantile = cfg.grad_preserve_entropy_quantile
+    if entropy is None and (cfg.entropy_adv_coef > 0 or quantile is not None):
+        raise ValueError("aepo: entropy_adv_coef > 0 or grad_preserve_entropy_quantile needs the token "
+                         "entropies: pass entropy=[batch, response_len] (or set entropy_adv_coef=0)")
+    scale = torch.ones_like(adv)
+    if cfg.entropy_adv_coef > 0:
+        stats = entropy_stats
+        if stats is None and cfg.entropy_adv_scope == "group" and index is not None:
+            stats = entropy_adv.entropy_stats(entropy, mask, "group", index)
+        scale = entropy_adv.entropy_adv_scale(entropy, mask, cfg.entropy_adv_coef, cfg.entropy_adv_clamp, stats)
+        adv = adv * scale
+    ratio = log_ratio.exp()
+    preserved = (adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)
+    preserve_high: bool | torch.Tensor = True
+    if quantile is not None:
+        preserve_high = _high_entropy_tokens(entropy, mask, quantile)
+        preserved = preserved & preserve_high
+    extra = {"actor/grad_preserved_frac": masked_mean(preserved.float(), mask),
+             "actor/entropy_adv_scale/mean": masked_mean(scale, mask)}
+    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
+                      preserve_high=preserve_high, extra=extra)
+
+
+@register_policy_loss("cispo")
+def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                      config=None, entropy=None, *, entropy_stats=None, index=None):
+    """CISPO (§4): −sg(min(r, 1+ε_h))·A·log π — no token is dropped, the IS weight is capped.
+    pg_clipfrac = share of masked tokens whose weight is capped (r > 1+ε_h); no lower bound."""
+    cfg, mask, logp, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
+    ratio = log_ratio.detach().exp()
+    weight = ratio.clamp(max=1.0 + cfg.clip_ratio_high)
+    capped = ratio > 1.0 + cfg.clip_ratio_high
+    return _finish(-weight * adv * logp, mask, loss_agg_mode, log_ratio, capped, torch.zeros_like(capped))
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                     config=None, entropy=None, *, entropy_stats=None, index=None):
+    """GSPO (§4): sequence ratio s_i = exp(mean_t log r_i,t) over masked tokens, used per token as
+    s_i,t = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)) (GSPO-token: value s_i, gradient s_i·∇log π_t), in the
+    clipped surrogate with ε_l, ε_h (tiny, e.g. 3e-4/4e-4) and no dual clip."""
+    cfg, mask, logp, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach()[:, None]
+    ratio = torch.exp(seq_log_ratio + logp - logp.detach())
+    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=None)

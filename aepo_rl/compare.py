@@ -1,0 +1,210 @@
+"""`aepo compare`: several algorithms from one SFT checkpoint, several seeds, one table.
+
+Every preset starts from the same cold-start SFT model (§5: "all RL methods start from the
+same SFT model") with the same rollout budget (``rollout.n``, ``trainer.batch_size``,
+``trainer.steps``) and, for a given seed index, the same data order and sampling seed; only
+the algorithm (what the presets set) changes. Each metric is reported as the mean over seeds
+± the half-width of a 95% Student-t confidence interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict
+from aepo_rl.report import plot_runs, read_metrics, series
+
+COLUMNS = (
+    ("pass@1", "pass@1 on the evaluation split after RL"),
+    ("pass@k", "pass@k (k = eval.samples) after RL"),
+    ("tool_calls", "tool calls per evaluated answer (tool_calls/mean)"),
+    ("entropy_drift", "final − initial actor/entropy during RL"),
+    ("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over steps)"),
+)
+
+
+def student_t_critical(df: int, confidence: float = 0.95) -> float:
+    """t such that P(|T| ≤ t) = confidence for Student's t with ``df`` (integer) degrees of freedom.
+
+    Bisection on the exact finite-series CDF for integer df (Abramowitz & Stegun 26.7.3-4):
+    with θ = atan(t/√ν), P(|T| ≤ t) = 2θ/π + (2/π)·sinθ·cosθ·Σ_odd for odd ν and
+    sinθ·Σ_even for even ν.
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    low, high = 0.0, 1.0
+    while _t_two_sided_mass(high, df) < confidence:
+        high *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if _t_two_sided_mass(mid, df) < confidence else (low, mid)
+    return 0.5 * (low + high)
+
+
+def _t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| ≤ t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2 == 1:  # 1 + (2/3)c² + (2·4)/(3·5)c⁴ + … up to c^(ν−3)
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for j in range(1, (df - 1) // 2):
+            term *= cos2 * (2 * j) / (2 * j + 1)
+            total += term
+        return (2 / math.pi) * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # 1 + (1/2)c² + (1·3)/(2·4)c⁴ + … up to c^(ν−2)
+    for j in range(1, df // 2):
+        term *= cos2 * (2 * j - 1) / (2 * j)
+        total += term
+    return math.sin(theta) * total
+
+
+def mean_ci95(values: list[float]) -> dict[str, Any]:
+    """Mean and the 95% CI half-width t_{0.975, n−1}·s/√n (s: sample std); ``ci95`` None when n < 2."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return {"mean": None, "ci95": None, "n": 0}
+    mean = math.fsum(finite) / n
+    if n == 1:
+        return {"mean": mean, "ci95": None, "n": 1}
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (n - 1))
+    return {"mean": mean, "ci95": student_t_critical(n - 1) * std / math.sqrt(n), "n": n}
+
+
+def algorithm_keys() -> set[str]:
+    """Keys that define an algorithm: everything some preset sets, plus the whole algorithm section."""
+    keys = {key for overrides in PRESETS.values() for key in overrides}
+    return keys | {f"algorithm.{f.name}" for f in dataclasses.fields(Config().algorithm)}
+
+
+def user_overrides(cfg: Config) -> dict[str, Any]:
+    """The dotted keys where ``cfg`` differs from its bare preset (its YAML file and command-line overrides)."""
+    base, mine = _flatten(to_dict(load_config(cfg.preset))), _flatten(to_dict(cfg))
+    return {key: value for key, value in mine.items() if key != "preset" and base.get(key) != value}
+
+
+def split_overrides(cfg: Config) -> tuple[dict[str, Any], list[str]]:
+    """The user's overrides carried to every preset, and the algorithm keys that are not carried."""
+    algorithmic = algorithm_keys()
+    overrides = user_overrides(cfg)
+    carried = {k: v for k, v in overrides.items() if k not in algorithmic}
+    return carried, sorted(k for k in overrides if k in algorithmic)
+
+
+def preset_configs(cfg: Config, presets: list[str], seeds: int, steps: int | None) -> dict[tuple[str, int], Config]:
+    """One config per (preset, seed index): the preset plus the user's non-algorithm overrides.
+
+    Seed index i sets ``trainer.seed`` and ``rollout.seed`` to the user's value + i for every
+    preset, so runs with the same index see the same data order; the rollout budget is the user's.
+    """
+    carried, _ = split_overrides(cfg)
+    budget = {"rollout.n": cfg.rollout.n, "trainer.batch_size": cfg.trainer.batch_size,
+              "trainer.steps": cfg.trainer.steps if steps is None else steps}
+    configs = {}
+    for preset in presets:
+        for index in range(seeds):
+            seeding = {"trainer.seed": cfg.trainer.seed + index, "rollout.seed": cfg.rollout.seed + index}
+            configs[(preset, index)] = load_config(preset, overrides={**carried, **budget, **seeding})
+    return configs
+
+
+def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
+    """The compared numbers of one run: its final evaluation and its metrics.jsonl."""
+    entries = [m for name, m in eval_result.items() if name.endswith(f"/{split}")]
+    if len(entries) != 1:
+        raise ValueError(f"{run_dir}: expected one '<task>/{split}' evaluation from run_rl_stage, "
+                         f"got keys {sorted(eval_result)}")
+    records = read_metrics(run_dir)
+    entropy = series(records, "actor/entropy").get("actor/entropy", ([], []))[1]
+    distinct = series(records, "rollout/distinct_per_group").get("rollout/distinct_per_group", ([], []))[1]
+    return {"pass@1": entries[0]["pass@1"], "pass@k": entries[0]["pass@k"],
+            "tool_calls": entries[0]["tool_calls/mean"],
+            "entropy_drift": entropy[-1] - entropy[0] if entropy else None,
+            "distinct_per_group": math.fsum(distinct) / len(distinct) if distinct else None}
+
+
+def summarize(runs: dict[str, list[dict[str, float | None]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{preset: {column: mean_ci95 over seeds}}``."""
+    return {preset: {col: mean_ci95([r[col] for r in rows]) for col, _ in COLUMNS} for preset, rows in runs.items()}
+
+
+def format_cell(stat: dict[str, Any]) -> str:
+    if stat["mean"] is None:
+        return "n/a"
+    if stat["ci95"] is None:
+        return f"{stat['mean']:.3f}"
+    return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
+
+
+def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, steps: int) -> str:
+    header = "| preset | " + " | ".join(col for col, _ in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
+    for preset, stats in summary.items():
+        lines.append(f"| {preset} | " + " | ".join(format_cell(stats[col]) for col, _ in COLUMNS) + " |")
+    ci_note = ("mean ± 95% CI half-width (Student t over seeds)" if seeds > 1
+               else "one seed: no confidence interval (use --seeds ≥ 2)")
+    notes = [f"{seeds} seed(s), {steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
+    notes += [f"- **{col}**: {doc}" for col, doc in COLUMNS]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None = None,
+                 out_dir: str | None = None) -> int:
+    """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from aepo_rl.train.pipeline import run_rl_stage, run_sft_stage
+
+    if not presets:
+        raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    out = Path(out_dir) if out_dir else Path(cfg.trainer.run_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    configs = preset_configs(cfg, presets, seeds, steps)
+    _, dropped = split_overrides(cfg)
+    if dropped:
+        print(f"compare: not carried to the presets (algorithm settings): {', '.join(dropped)}")
+    sft_model_dir = run_sft_stage(cfg, out / "sft")
+    runs: dict[str, list[dict]] = {preset: [] for preset in presets}
+    run_dirs = []
+    for (preset, index), run_cfg in configs.items():
+        run_dir = out / f"{preset}-seed{index}"
+        eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
+        runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
+                             **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
+        run_dirs.append(run_dir)
+    num_steps = next(iter(configs.values())).trainer.steps
+    summary = summarize(runs)
+    (out / "compare.json").write_text(json.dumps(
+        {"presets": presets, "seeds": seeds, "steps": num_steps, "sft_model": str(sft_model_dir),
+         "summary": summary, "runs": runs}, indent=2) + "\n")
+    (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps))
+    plot_runs(run_dirs, out / "plots")
+    table = Table(title=f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
+    table.add_column("preset")
+    for col, _ in COLUMNS:
+        table.add_column(col, justify="right")
+    for preset, stats in summary.items():
+        table.add_row(preset, *(format_cell(stats[col]) for col, _ in COLUMNS))
+    Console().print(table)
+    print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
+    return 0
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

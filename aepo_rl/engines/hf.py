@@ -1,0 +1,267 @@
+"""HFEngine: a batched decode loop over any ``AutoModelForCausalLM`` with KV-cache reuse (§1.5).
+
+One ``generate`` call does
+1. a prefill forward over the batch's pending tokens (prompts, the last generated token, tool
+   results), each distinct pending context once, on top of the cached keys/values;
+2. a decode loop: one forward per step over the still-active rows; finished rows leave the
+   batch (their keys/values are copied out and the batch is compacted).
+Per generated token it records log π and the full entropy of the untempered distribution and
+the release's top-10 proxy (§1.2). The engine shares the policy's model object with the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from aepo_rl.engines.base import SamplingParams, Segment
+from aepo_rl.engines.kv import BatchCache, Context
+from aepo_rl.engines.sampling import check_params, sample_tokens, token_statistics
+from aepo_rl.engines.stops import StopMatcher, eos_token_ids
+
+
+@dataclass
+class _Sequence:
+    token_ids: list[int]
+    context: Context
+
+
+@dataclass
+class _Row:
+    """A sequence being decoded in this call: where its results go and where it stands."""
+
+    slot: int
+    """Index of the sequence in the ``generate`` call's ``seq_ids``."""
+    budget: int
+
+
+class HFEngine:
+    """A :class:`~aepo_rl.engines.base.GenerationEngine` over a transformers causal LM."""
+
+    def __init__(self, model, tokenizer, seed: int = 0):
+        text_config = model.config.get_text_config()
+        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"} or getattr(text_config, "use_sliding_window", False):
+            raise ValueError(f"HFEngine supports full-attention decoders only; {type(model).__name__} has "
+                             f"layer types {sorted(layer_types)} (use engine=openai with a vLLM server)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.num_layers = text_config.num_hidden_layers
+        self.device = next(model.parameters()).device
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.eos_ids = eos_token_ids(tokenizer, model)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        parameters = inspect.signature(base.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._keep_last_logits = "logits_to_keep" in parameters
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._sequences: dict[int, _Sequence] = {}
+        self._next_id = 0
+        self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
+        self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "prefill_calls": 0, "decode_steps": 0}
+
+    # ---------------------------------------------------------------- sequence bookkeeping
+    def add_sequence(self, prompt_token_ids: list[int]) -> int:
+        if not prompt_token_ids:
+            raise ValueError("add_sequence: prompt_token_ids is empty")
+        seq_id = self._next_id
+        self._next_id += 1
+        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), Context(None, 0, list(prompt_token_ids)))
+        return seq_id
+
+    def fork(self, seq_id: int) -> int:
+        """Share the parent's Context: cached rows and pending tokens are computed once for both."""
+        parent = self._get(seq_id)
+        child = self._next_id
+        self._next_id += 1
+        self._sequences[child] = _Sequence(list(parent.token_ids), parent.context)
+        return child
+
+    def append(self, seq_id: int, token_ids: list[int]) -> None:
+        if not token_ids:
+            return
+        seq = self._get(seq_id)
+        old = seq.context
+        seq.context = Context(old.kv, old.n_cached, old.pending + list(token_ids), old.pending_generated)
+        seq.token_ids.extend(token_ids)
+
+    def release(self, seq_id: int) -> None:
+        self._get(seq_id)
+        del self._sequences[seq_id]
+
+    def stats(self) -> dict[str, float]:
+        return dict(self.counters)
+
+    def token_ids(self, seq_id: int) -> list[int]:
+        """The sequence's whole context (prompt, generated and appended tokens)."""
+        return list(self._get(seq_id).token_ids)
+
+    def _get(self, seq_id: int) -> _Sequence:
+        if seq_id not in self._sequences:
+            raise KeyError(f"HFEngine: unknown or released sequence id {seq_id}")
+        return self._sequences[seq_id]
+
+    def _stop_matcher(self, stops: tuple[str, ...]) -> StopMatcher:
+        if stops not in self._stop_matchers:
+            self._stop_matchers[stops] = StopMatcher(self.tokenizer, self.vocab_size, self.eos_ids, stops, self.device)
+        return self._stop_matchers[stops]
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
+        check_params(params)
+        if len(seq_ids) != len(max_new_tokens):
+            raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"generate: duplicate sequence ids in {seq_ids}")
+        if any(n < 0 for n in max_new_tokens):
+            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        sequences = [self._get(s) for s in seq_ids]
+        segments = [Segment([], [], [], [], "length") for _ in seq_ids]
+        rows = [_Row(i, n) for i, n in enumerate(max_new_tokens) if n > 0]
+        if not rows:
+            return segments
+        with torch.inference_mode(), _eval_mode(self.model):
+            self._decode([sequences[r.slot] for r in rows], rows, params, segments)
+        return segments
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only: bool) -> torch.Tensor:
+        kwargs = {self._cache_kwarg: cache, "use_cache": True}
+        if last_only and self._keep_last_logits:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        return out.logits[:, -1].float()
+
+    def _prefill(self, sequences: list[_Sequence], capacity_extra: int):
+        """Lay out the distinct contexts, run their pending tokens once; returns the batch state."""
+        contexts, row_of = [], {}
+        for seq in sequences:
+            if id(seq.context) not in row_of:
+                row_of[id(seq.context)] = len(contexts)
+                contexts.append(seq.context)
+        width = max(c.n_cached for c in contexts)
+        chunk = max(len(c.pending) for c in contexts)
+        cache = BatchCache(self.num_layers, width + chunk + capacity_extra)
+        cache.load_rows(contexts, width)
+        rows = len(contexts)
+        n_cached = torch.tensor([c.n_cached for c in contexts], device=self.device)
+        columns = torch.arange(width + chunk + capacity_extra, device=self.device)
+        mask = (columns >= width - n_cached[:, None]) & (columns < width)
+        lengths = n_cached.clone()
+        next_logits = [c.next_logits for c in contexts]
+        if chunk:
+            n_pending = torch.tensor([len(c.pending) for c in contexts], device=self.device)
+            input_ids = torch.full((rows, chunk), self.pad_id, dtype=torch.long, device=self.device)
+            for row, c in enumerate(contexts):
+                if c.pending:
+                    input_ids[row, chunk - len(c.pending):] = torch.tensor(c.pending, device=self.device)
+            hole = chunk - n_pending
+            mask |= (columns >= width + hole[:, None]) & (columns < width + chunk)
+            positions = (n_cached[:, None] + torch.arange(chunk, device=self.device) - hole[:, None]).clamp(min=0)
+            logits = self._forward(input_ids, mask[:, :width + chunk], positions, cache, last_only=True)
+            lengths += n_pending
+            next_logits = [logits[row] if c.pending else next_logits[row] for row, c in enumerate(contexts)]
+            self.counters["prefill_tokens"] += sum(len(c.pending) - c.pending_generated for c in contexts)
+            self.counters["prefill_calls"] += 1
+            self._materialize_shared(contexts, cache, mask[:, :width + chunk], next_logits, sequences)
+        select = [row_of[id(seq.context)] for seq in sequences]
+        index = torch.tensor(select, device=self.device)
+        if select != list(range(rows)):
+            cache.batch_select_indices(index)
+        return cache, mask[index], lengths[index], torch.stack([next_logits[r] for r in select]), width + chunk
+
+    def _materialize_shared(self, contexts, cache, mask, next_logits, batch_sequences) -> None:
+        """A context also held by a sequence outside this batch keeps its freshly computed state."""
+        in_batch = Counter(id(s.context) for s in batch_sequences)
+        held = Counter(id(s.context) for s in self._sequences.values())
+        for row, c in enumerate(contexts):
+            if c.pending and held[id(c)] > in_batch[id(c)]:
+                c.kv = cache.extract_row(row, mask[row].nonzero().squeeze(-1))
+                c.n_cached += len(c.pending)
+                c.pending, c.pending_generated, c.next_logits = [], 0, next_logits[row]
+
+    def _decode(self, sequences: list[_Sequence], rows: list[_Row], params: SamplingParams,
+                segments: list[Segment]) -> None:
+        max_budget = max(r.budget for r in rows)
+        cache, mask, lengths, logits, column = self._prefill(sequences, max_budget - 1)
+        stops = self._stop_matcher(tuple(params.stop))
+        budgets = torch.tensor([r.budget for r in rows], device=self.device)
+        slots = torch.arange(len(rows), device=self.device)
+        out_tokens = torch.zeros(len(rows), max_budget, dtype=torch.long, device=self.device)
+        out_stats = torch.zeros(len(rows), max_budget, 3, device=self.device)
+        finish = [("length", None)] * len(rows)
+        n_generated = [0] * len(rows)
+        active = list(range(len(rows)))  # batch row -> index into rows
+        for step in range(max_budget):
+            logprobs, entropy, top10 = token_statistics(logits)
+            tokens = sample_tokens(logits, params, self.generator)
+            chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+            out_tokens[slots, step] = tokens
+            out_stats[slots, step] = torch.stack([chosen, entropy, top10], dim=-1)
+            done = (budgets[slots] == step + 1) | stops.eos(tokens) | stops.stop_token(tokens)
+            candidates = stops.text_candidates(tokens)
+            tail_stops = {}
+            if candidates is not None and candidates.any():
+                for b in candidates.nonzero().squeeze(-1).tolist():
+                    tail = out_tokens[active[b], max(0, step + 1 - stops.window):step + 1].tolist()
+                    if (hit := stops.stop_in_tail(tail)) is not None:
+                        tail_stops[b] = hit
+                        done[b] = True
+            if done.any():
+                finished = done.nonzero().squeeze(-1).tolist()
+                token_list = tokens.tolist()
+                for b in finished:
+                    i = active[b]
+                    finish[i] = _finish_reason(token_list[b], stops, tail_stops.get(b), step + 1 == rows[i].budget)
+                    n_generated[i] = step + 1
+                    sequences[i].context = Context(cache.extract_row(b, mask[b, :column].nonzero().squeeze(-1)),
+                                                   int(lengths[b]), [token_list[b]], 1)
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                mask, lengths, slots, tokens = mask[keep], lengths[keep], slots[keep], tokens[keep]
+                active = [active[b] for b in keep.tolist()]
+            mask[:, column] = True
+            logits = self._forward(tokens[:, None], mask[:, :column + 1], lengths[:, None], cache, last_only=False)
+            lengths += 1
+            column += 1
+            self.counters["decode_steps"] += 1
+        self._write_segments(sequences, rows, out_tokens, out_stats, n_generated, finish, segments)
+
+    def _write_segments(self, sequences, rows, out_tokens, out_stats, n_generated, finish, segments) -> None:
+        all_tokens, all_stats = out_tokens.tolist(), out_stats.tolist()
+        for i, row in enumerate(rows):
+            n = n_generated[i]
+            tokens = all_tokens[i][:n]
+            logprob, entropy, top10 = zip(*all_stats[i][:n])
+            reason, stop_string = finish[i]
+            segments[row.slot] = Segment(tokens, list(logprob), list(entropy), list(top10), reason, stop_string)
+            sequences[i].token_ids.extend(tokens)
+            self.counters["decode_tokens"] += n
+
+
+def _finish_reason(token: int, stops: StopMatcher, tail_stop: str | None, at_budget: bool) -> tuple[str, str | None]:
+    """EOS first, then a stop string (by id or on the text tail), else the budget ran out."""
+    if token in stops.eos_ids.tolist():
+        return "eos", None
+    if token in stops.stop_of_id:
+        return "stop", stops.stop_of_id[token]
+    if tail_stop is not None:
+        return "stop", tail_stop
+    return "length", None
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """Generate in eval mode (no dropout) and give the trainer its model back as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -1,0 +1,171 @@
+"""Evaluation: pass@1 and pass@k from K independent samples per question (§5).
+
+Each question gets K independent tool-using trajectories (no branching) sampled with the
+evaluation settings of §5 (temperature 0.6, top_p 0.95, top_k 20), or one greedy trajectory.
+A trajectory is correct when ``task.correct(example, response_text)`` says so; pass@k is the
+unbiased estimator of Chen et al. (2021) averaged over questions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from aepo_rl.config import Config, ConfigError
+from aepo_rl.engines.base import SamplingParams
+from aepo_rl.rollout.trajectory import Trajectory
+from aepo_rl.tasks.base import Example, Task
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, §5).
+
+    pass@k = 1 − C(n−c, k) / C(n, k), computed as the stable product
+    1 − Π_{i=n−c+1}^{n} (1 − k/i), which never forms the (huge) binomial coefficients.
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:  # every k-subset contains a correct sample
+        return 1.0
+    failure = 1.0
+    for i in range(n - c + 1, n + 1):
+        failure *= 1.0 - k / i
+    return 1.0 - failure
+
+
+def eval_sampling(cfg: Config) -> SamplingParams:
+    """§5 evaluation sampling (temperature 0.6, top_p 0.95, top_k 20), or greedy."""
+    if cfg.eval.greedy:
+        return SamplingParams(greedy=True)
+    return SamplingParams(temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, top_k=cfg.eval.top_k)
+
+
+def score_groups(task: Task, examples: list[Example], groups: list[list[Trajectory]],
+                 k: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Metrics over questions (pass@1, pass@k, means over all samples) and one record per question."""
+    if len(groups) != len(examples):
+        raise ValueError(f"the rollout returned {len(groups)} groups for {len(examples)} questions")
+    records, pass1, passk, tool_calls, lengths, rewards = [], [], [], [], [], []
+    for example, group in zip(examples, groups):
+        if len(group) != k:
+            raise ValueError(f"question {example.id}: the rollout returned {len(group)} samples, expected {k}")
+        samples = []
+        for traj in group:
+            sample = {"correct": bool(task.correct(example, traj.response_text)),
+                      "reward": float(task.reward(example, traj.response_text)),
+                      "tool_calls": traj.num_tool_calls, "response_length": len(traj.response_token_ids),
+                      "finish_reason": traj.finish_reason, "response": traj.response_text}
+            samples.append(sample)
+            tool_calls.append(sample["tool_calls"])
+            lengths.append(sample["response_length"])
+            rewards.append(sample["reward"])
+        num_correct = sum(s["correct"] for s in samples)
+        pass1.append(pass_at_k(k, num_correct, 1))
+        passk.append(pass_at_k(k, num_correct, k))
+        records.append({"id": example.id, "question": example.question, "answers": example.answers,
+                        "num_samples": len(samples), "num_correct": num_correct, "samples": samples})
+    metrics = {"pass@1": _mean(pass1), "pass@k": _mean(passk), "k": k, "num_questions": len(examples),
+               "tool_calls/mean": _mean(tool_calls), "response_length/mean": _mean(lengths),
+               "reward/mean": _mean(rewards)}
+    return metrics, records
+
+
+def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_name: str,
+             *, with_records: bool = False) -> dict[str, dict[str, Any]]:
+    """pass@1 / pass@k of ``engine`` as the policy on ``examples``: ``{"<task>/<split>": metrics}``.
+
+    K = ``cfg.eval.samples`` independent trajectories per question (1 when ``cfg.eval.greedy``),
+    rolled out ``cfg.eval.batch_size`` questions at a time with the task's tools. With
+    ``with_records`` the metrics carry ``"records"``: every question's samples and verdicts.
+    """
+    from aepo_rl.models import encode_prompt
+    from aepo_rl.rollout.tree import run_rollout
+
+    if not examples:
+        raise ValueError(f"no questions to evaluate in {task.name}/{split_name}")
+    k = 1 if cfg.eval.greedy else cfg.eval.samples
+    rollout_cfg = dataclasses.replace(cfg.rollout, mode="independent", n=k)
+    sampling = eval_sampling(cfg)
+    tools = task.tools()
+    groups: list[list[Trajectory]] = []
+    for start in range(0, len(examples), cfg.eval.batch_size):
+        batch = examples[start:start + cfg.eval.batch_size]
+        prompts = [(ex.id, encode_prompt(engine.tokenizer, ex.messages)) for ex in batch]
+        result = run_rollout(engine, prompts, tools, rollout_cfg, validation=cfg.eval.greedy,
+                             sampling=sampling, seed=cfg.rollout.seed + start)
+        groups.extend(result.groups)
+    metrics, records = score_groups(task, examples, groups, k)
+    if with_records:
+        metrics["records"] = records
+    return {f"{task.name}/{split_name}": metrics}
+
+
+def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation") -> None:
+    """A rich table: one row per "<task>/<split>"."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("task/split", no_wrap=True)
+    for column in ("pass@1", "pass@k", "k", "questions", "tool calls", "response len", "reward"):
+        table.add_column(column, justify="right")
+    for name, m in results.items():
+        table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
+                      f"{m['tool_calls/mean']:.2f}", f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
+    Console().print(table)
+
+
+def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,
+              endpoint_model: str | None = None) -> int:
+    """`aepo eval`: evaluate ``cfg.model.path`` (or an OpenAI-compatible endpoint) on ``cfg.eval.split``."""
+    from aepo_rl.tasks import get_task
+
+    task = get_task(cfg)
+    engine = _build_policy_engine(cfg, task, endpoint, endpoint_model)
+    examples = task.examples(cfg.eval.split)[:cfg.eval.num_questions]
+    if not examples:
+        raise ConfigError(f"eval.split='{cfg.eval.split}': task '{task.name}' has no questions in that split")
+    results = evaluate(engine, task, examples, cfg, cfg.eval.split, with_records=out_file is not None)
+    records = {name: m.pop("records") for name, m in results.items() if "records" in m}
+    policy = f"{endpoint_model} at {endpoint}" if endpoint else (cfg.model.path or "tiny model")
+    print_results(results, title=f"pass@k of {policy}")
+    if out_file is not None:
+        out = Path(out_file)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        records_file = out.with_suffix(".records.jsonl")
+        with records_file.open("w") as f:
+            for name, rows in records.items():
+                for row in rows:
+                    f.write(json.dumps({"task": name, **row}) + "\n")
+        print(f"wrote {out} and {records_file}")
+    return 0
+
+
+def _build_policy_engine(cfg: Config, task: Task, endpoint: str | None, endpoint_model: str | None):
+    """The HF/vLLM engine over ``load_policy``'s model, or an OpenAI-compatible endpoint."""
+    if endpoint is None:
+        from aepo_rl.engines import build_engine
+        from aepo_rl.models import load_policy
+
+        model, tokenizer = load_policy(cfg, task)
+        return build_engine(cfg, model, tokenizer)
+    if not endpoint_model:
+        raise ConfigError("--endpoint needs --endpoint-model NAME (the model name the server serves)")
+    if cfg.model.path is None:
+        raise ConfigError("--endpoint needs --model TOKENIZER (a folder or hub id with the endpoint model's "
+                          "tokenizer): prompts are sent as token ids")
+    from transformers import AutoTokenizer
+
+    from aepo_rl.engines.openai import OpenAIEngine
+
+    return OpenAIEngine(endpoint, endpoint_model, AutoTokenizer.from_pretrained(cfg.model.path))
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0

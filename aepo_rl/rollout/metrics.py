@@ -1,0 +1,50 @@
+"""Rollout metrics under verl / aepo-algorithm.md §7 names."""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import fmean
+
+from aepo_rl.rollout.trajectory import Round, Trajectory
+
+
+def _mean(xs: list[float]) -> float:
+    return fmean(xs) if xs else 0.0
+
+
+def own_rounds(traj: Trajectory) -> list[Round]:
+    """Rounds this trajectory generated itself (not copied from its parent at the fork)."""
+    start = traj.fork_token_index if traj.parent_id is not None else 0
+    return [r for r in traj.rounds if r.start >= start]
+
+
+def subtree_roots(group: list[Trajectory]) -> list[int]:
+    """For each trajectory of a group, the traj_id of the global sample (or restart) it descends from."""
+    roots: list[int] = []
+    for traj in group:
+        roots.append(traj.traj_id if traj.parent_id is None else roots[traj.parent_id])
+    return roots
+
+
+def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], consecutive_branch_max: int,
+                    engine_counters: dict[str, float], gen_seconds: float) -> dict[str, float]:
+    trajs = [t for g in groups for t in g]
+    shares = [max(Counter(subtree_roots(g)).values()) / len(g) for g in groups if g]
+    root_h = [t.rounds[0].step_entropy for t in trajs if t.parent_id is None and t.rounds]
+    after_tool_h = [r.step_entropy for t in trajs for r in own_rounds(t) if r.start > 0]
+    own_calls = [r.tool_call for t in trajs for r in own_rounds(t) if r.tool_call is not None]
+    return {
+        "rollout/global_samples": _mean(global_samples),
+        "rollout/branches_per_prompt": _mean([sum(t.parent_id is not None for t in g) for g in groups]),
+        "rollout/largest_subtree_share": _mean(shares),
+        "rollout/consecutive_branch_max": float(consecutive_branch_max),
+        "rollout/entropy_root": _mean(root_h),
+        "rollout/entropy_after_tool": _mean(after_tool_h),
+        "rollout/tool_errors": float(sum(c.error for c in own_calls)),
+        "tool_call_counts/mean": _mean([t.num_tool_calls for t in trajs]),
+        "num_turns/mean": _mean([len(t.rounds) for t in trajs]),
+        "response_length/mean": _mean([len(t.response_token_ids) for t in trajs]),
+        "rollout/prefill_tokens": float(engine_counters.get("prefill_tokens", 0.0)),
+        "rollout/decode_tokens": float(engine_counters.get("decode_tokens", 0.0)),
+        "timing_s/gen": gen_seconds,
+    }

@@ -1,0 +1,304 @@
+"""The tree rollout controller (aepo-algorithm.md §1): global samples, tool rounds, forks, restarts.
+
+Every round is one ``engine.generate`` call over every active sequence of every prompt.
+After a round's tool results are appended, each trajectory that made a call may fork
+(§1.4, §1.5): candidates are visited prompt by prompt in traj_id order until the prompt has
+n trajectories; a prompt left with no active trajectory and fewer than n restarts a fresh
+one. Modes: ``aepo`` (AEPO rule with the consecutive-branch penalty), ``arpo`` (ARPO rule),
+``independent`` (GRPO: m = n, no branching). Validation: one greedy trajectory per prompt.
+
+Which entropy drives a decision (``entropy_segment``, §1.2):
+- ``latest`` (paper): the reaction to the latest tool result. Before the next round the
+  controller forks a *shadow* of the candidate (a KV-cache copy, no compute), lets the
+  candidate generate its reaction, measures it, and either keeps the shadow as the child
+  (it resumes right after the tool result, so ``fork_token_index`` is that point) or frees it.
+- ``previous`` (release): the segment that made the call; the child forks at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import time
+from dataclasses import dataclass
+
+from aepo_rl.config import RolloutConfig
+from aepo_rl.engines.base import GenerationEngine, SamplingParams
+from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
+from aepo_rl.rollout.metrics import rollout_metrics
+from aepo_rl.rollout.tool_calls import ANSWER_CLOSE, parse_tool_call, result_wrapping, stop_strings
+from aepo_rl.rollout.tool_runner import ToolRunner
+from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
+from aepo_rl.tools.base import Tool
+
+# §1.4 release quirk (entropy_baseline="slot_persistent"): the ΔH baseline of batch slot
+# prompt_index·n + traj_id is set the first time the slot is measured and never reset.
+_SLOT_BASELINES: dict[int, float] = {}
+
+
+def reset_slot_baselines() -> None:
+    """Forget the release-quirk baselines (tests; a fresh training process)."""
+    _SLOT_BASELINES.clear()
+
+
+@dataclass
+class RolloutResult:
+    groups: list[list[Trajectory]]
+    """Exactly n trajectories per prompt (1 in validation), in creation order."""
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Live:
+    """Controller state of one trajectory while it is generated."""
+
+    traj: Trajectory
+    group: int
+    seq: int
+    root_entropy: float | None = None
+    """Lineage ΔH baseline (§1.4 default): step entropy of the root segment, inherited by forks."""
+    streak: int = 0
+    """l: consecutive branching steps on this path (penalty_scope="path")."""
+    active: bool = True
+    after_tool: bool = False
+    """The last round appended a tool result, so the point after it is a branching candidate."""
+    shadow: int | None = None
+    shadow_point: int = 0
+
+
+class _TreeRollout:
+    def __init__(self, engine: GenerationEngine, tools: dict[str, Tool], cfg: RolloutConfig,
+                 params: SamplingParams, rng: random.Random):
+        self.engine, self.tools, self.cfg, self.params, self.rng = engine, tools, cfg, params, rng
+        self.tok = engine.tokenizer
+        self.runner = ToolRunner(tools, cfg.tool_workers, cfg.tool_timeout)
+        prefix, suffix = result_wrapping(cfg.tool_format, self.tok)
+        self.result_prefix, self.result_suffix = self._encode(prefix), self._encode(suffix)
+        self.consecutive_max = 0
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    # -- building blocks -------------------------------------------------------------------
+    def _start(self, groups, lives, g: int, prompt: tuple[str, list[int]]) -> None:
+        traj = Trajectory(prompt_id=prompt[0], traj_id=len(groups[g]), parent_id=None,
+                          fork_token_index=None, prompt_token_ids=list(prompt[1]))
+        groups[g].append(traj)
+        lives.append(_Live(traj, g, self.engine.add_sequence(list(prompt[1]))))
+
+    def _fork(self, groups, lives, parent: _Live, seq: int, point: int) -> None:
+        src = parent.traj
+        child = Trajectory(prompt_id=src.prompt_id, traj_id=len(groups[parent.group]), parent_id=src.traj_id,
+                           fork_token_index=point, prompt_token_ids=list(src.prompt_token_ids),
+                           response_token_ids=src.response_token_ids[:point], loss_mask=src.loss_mask[:point],
+                           logprobs=src.logprobs[:point], entropies=src.entropies[:point],
+                           rounds=[copy.deepcopy(r) for r in src.rounds if r.end <= point])
+        groups[parent.group].append(child)
+        lives.append(_Live(child, parent.group, seq, root_entropy=parent.root_entropy, streak=parent.streak))
+
+    def _finish(self, live: _Live, reason: str) -> None:
+        live.traj.finish_reason, live.active = reason, False
+        self.engine.release(live.seq)
+
+    def _free_shadow(self, live: _Live) -> None:
+        if live.shadow is not None:
+            self.engine.release(live.shadow)
+            live.shadow = None
+
+    # -- one round -------------------------------------------------------------------------
+    def _generate_round(self, live: list[_Live]) -> None:
+        """Generate a segment for every active trajectory, then run and append the tool calls."""
+        cfg, budget = self.cfg, self.cfg.max_response_length
+        max_new = [min(cfg.max_tokens_per_round, budget - len(x.traj.response_token_ids)) for x in live]
+        segments = self.engine.generate([x.seq for x in live], self.params, max_new)
+        calls = []
+        for x, seg in zip(live, segments):
+            traj = x.traj
+            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size)
+            start = len(traj.response_token_ids)
+            traj.response_token_ids += seg.token_ids
+            traj.loss_mask += [1] * len(seg.token_ids)
+            traj.logprobs += seg.logprobs
+            traj.entropies += seg.entropies
+            traj.rounds.append(Round(start=start, end=len(traj.response_token_ids), step_entropy=h))
+            if x.root_entropy is None:
+                x.root_entropy = h
+            x.after_tool = False
+            if seg.finish_reason == "stop" and seg.stop_string == ANSWER_CLOSE:
+                self._finish(x, "answer")
+            elif seg.finish_reason == "stop":
+                text = self.tok.decode(seg.token_ids, skip_special_tokens=False)
+                request = parse_tool_call(text, seg.stop_string, cfg.tool_format, self.tools)
+                if request is None:
+                    self._finish(x, "empty_call")
+                elif traj.num_tool_calls >= cfg.call_limit:
+                    self._finish(x, "call_limit")
+                else:
+                    calls.append((x, request))
+            elif seg.finish_reason == "eos":
+                self._finish(x, "eos")
+            else:
+                self._finish(x, "length" if len(traj.response_token_ids) >= budget else "no_call")
+        results = self.runner.run([request for _, request in calls])
+        for (x, request), (output, is_error) in zip(calls, results):
+            traj = x.traj
+            body = self._encode(output)[:cfg.max_tool_response_tokens]
+            ids = (self.result_prefix + body + self.result_suffix)[:budget - len(traj.response_token_ids)]
+            traj.response_token_ids += ids
+            traj.loss_mask += [0] * len(ids)
+            traj.logprobs += [0.0] * len(ids)
+            traj.entropies += [0.0] * len(ids)
+            last = traj.rounds[-1]
+            last.end = len(traj.response_token_ids)
+            last.tool_call = ToolCall(name=request.name, arg=request.arg, result=output, error=is_error)
+            if len(traj.response_token_ids) >= budget:
+                self._finish(x, "length")
+            else:
+                self.engine.append(x.seq, ids)
+                x.after_tool = True
+
+    def _branch(self, groups, lives, candidates: list[_Live], n: int, counters: list[int], gained: set[int]) -> None:
+        """§1.4: P_t per candidate (prompt, traj_id order); fork Z children iff P_t ≥ τ until n."""
+        cfg = self.cfg
+        latest = cfg.entropy_segment == "latest"
+        for x in sorted(candidates, key=lambda c: (c.group, c.traj.traj_id)):
+            if len(groups[x.group]) >= n:
+                self._free_shadow(x)
+                continue
+            traj = x.traj
+            h = traj.rounds[-1].step_entropy
+            # latest: the decision is about the point after the previous round's tool result.
+            point = x.shadow_point if latest else len(traj.response_token_ids)
+            decided = traj.rounds[-2] if latest else traj.rounds[-1]
+            if cfg.entropy_baseline == "slot_persistent":
+                base = _SLOT_BASELINES[x.group * n + traj.traj_id]
+            else:
+                base = x.root_entropy
+            delta = entropy_delta(h, base, cfg.entropy_measure, self.engine.vocab_size)
+            streak = x.streak if cfg.penalty_scope == "path" else counters[x.group]
+            p = branch_probability(self.rng.random(), delta, streak, mode=cfg.mode,
+                                   entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
+            decided.branch_probability = p
+            if p >= cfg.branch_threshold:
+                if cfg.penalty_scope == "path":  # children inherit the incremented count
+                    x.streak += 1
+                    self.consecutive_max = max(self.consecutive_max, x.streak)
+                children = min(cfg.branch_factor, n - len(groups[x.group]))
+                source = x.shadow if latest else x.seq
+                for i in range(children):
+                    last_shadow = latest and i == children - 1
+                    self._fork(groups, lives, x, source if last_shadow else self.engine.fork(source), point)
+                x.shadow = None
+                gained.add(x.group)
+            else:
+                x.streak = 0
+                self._free_shadow(x)
+
+    # -- the whole tree --------------------------------------------------------------------
+    def grow(self, prompts: list[tuple[str, list[int]]], global_samples: list[int], n: int,
+             branching: bool) -> list[list[Trajectory]]:
+        cfg = self.cfg
+        latest = cfg.entropy_segment == "latest"
+        groups: list[list[Trajectory]] = [[] for _ in prompts]
+        lives: list[_Live] = []
+        for g, prompt in enumerate(prompts):
+            for _ in range(global_samples[g]):
+                self._start(groups, lives, g, prompt)
+        counters = [0] * len(prompts)  # c per prompt (penalty_scope="prompt_round"), reset every call
+        while True:
+            live = [x for x in lives if x.active]
+            if not live:
+                break
+            if branching and latest:
+                for x in live:
+                    if x.after_tool and len(groups[x.group]) < n:
+                        x.shadow, x.shadow_point = self.engine.fork(x.seq), len(x.traj.response_token_ids)
+            self._generate_round(live)
+            gained: set[int] = set()
+            if branching:
+                if cfg.entropy_baseline == "slot_persistent":
+                    for x in live:
+                        _SLOT_BASELINES.setdefault(x.group * n + x.traj.traj_id, x.traj.rounds[-1].step_entropy)
+                if latest:
+                    candidates = [x for x in live if x.shadow is not None]
+                else:
+                    candidates = [x for x in live if x.after_tool]
+                self._branch(groups, lives, candidates, n, counters, gained)
+            for g, prompt in enumerate(prompts):
+                if len(groups[g]) < n and not any(x.active for x in lives if x.group == g):
+                    for _ in range(1 if cfg.restarts else n - len(groups[g])):
+                        self._start(groups, lives, g, prompt)
+                    gained.add(g)
+            if gained:
+                counters = [c + 1 if g in gained else 0 for g, c in enumerate(counters)]
+                if cfg.penalty_scope == "prompt_round":
+                    self.consecutive_max = max(self.consecutive_max, *counters)
+        for traj in (t for group in groups for t in group):
+            traj.response_text = self.tok.decode(traj.response_token_ids, skip_special_tokens=False)
+        return groups
+
+    def premonitor(self, prompts: list[tuple[str, list[int]]], n: int) -> list[int]:
+        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded)."""
+        cfg = self.cfg
+        seqs = [self.engine.add_sequence(list(ids)) for _, ids in prompts]
+        probes = self.engine.generate(seqs, self.params, [cfg.premonitor_probe_tokens] * len(seqs))
+        for seq in seqs:
+            self.engine.release(seq)
+        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size) for s in probes]
+        pre = self.grow(prompts, [1] * len(prompts), 1, branching=False)
+        ms = []
+        for h_root, (traj,) in zip(h_roots, pre):
+            # release: every segment of the pre-rollout; paper: the segments after a tool result.
+            steps = traj.rounds if cfg.premonitor_formula == "release" else traj.rounds[1:]
+            h_tool = sum(r.step_entropy for r in steps) / len(steps) if traj.num_tool_calls and steps else h_root
+            ms.append(premonitor_global_samples(n, h_root, h_tool, formula=cfg.premonitor_formula,
+                                                beta=cfg.premonitor_beta))
+        return ms
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
+              sampling: SamplingParams | None) -> SamplingParams:
+    stops = stop_strings(cfg.tool_format, tools)
+    if sampling is None:
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=validation)
+    return dataclasses.replace(sampling, stop=tuple(dict.fromkeys(tuple(sampling.stop) + stops)))
+
+
+def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], tools: dict[str, Tool],
+                cfg: RolloutConfig, *, validation: bool = False, sampling: SamplingParams | None = None,
+                seed: int | None = None) -> RolloutResult:
+    """Roll out ``prompts`` (prompt_id, prompt token ids) into groups of n trajectories (§1).
+
+    m = ``cfg.global_samples`` if set; else entropy pre-monitoring (§1.3) in aepo mode with
+    ``cfg.premonitor``; else n // 2 (at least 1); n in independent mode. ``validation``: one
+    trajectory per prompt, no branching, greedy unless ``sampling`` says otherwise. ``seed``
+    (default ``cfg.seed``) seeds the uniform draws U of §1.4.
+    """
+    for pid, ids in prompts:
+        if not ids:
+            raise ValueError(f"prompt '{pid}' has no tokens")
+    n = 1 if validation else cfg.n
+    branching = not validation and cfg.mode in ("aepo", "arpo") and n > 1
+    tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, validation, sampling),
+                        random.Random(cfg.seed if seed is None else seed))
+    counters_before = dict(engine.stats())
+    t0 = time.perf_counter()
+    try:
+        if not branching:
+            ms = [n] * len(prompts)
+        elif cfg.global_samples is not None:
+            ms = [min(n, cfg.global_samples)] * len(prompts)
+        elif cfg.mode == "aepo" and cfg.premonitor:
+            ms = tree.premonitor(prompts, n)
+        else:
+            ms = [max(1, n // 2)] * len(prompts)
+        groups = tree.grow(prompts, ms, n, branching)
+    finally:
+        tree.close()
+    seconds = time.perf_counter() - t0
+    counters = {k: v - counters_before.get(k, 0.0) for k, v in engine.stats().items()}
+    return RolloutResult(groups, rollout_metrics(groups, ms, tree.consecutive_max, counters, seconds))

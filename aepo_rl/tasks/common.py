@@ -1,0 +1,47 @@
+"""What every task shares: the tool-protocol system prompt (§1.1), chat messages, tool building."""
+
+from __future__ import annotations
+
+from aepo_rl.config import TaskConfig
+from aepo_rl.tools.base import Tool, get_tool
+
+_TOOL_LINES = {"search": "<search>query</search> searches", "python": "<python>code</python> runs Python"}
+
+
+def system_prompt(tools: tuple[str, ...] = ("search", "python")) -> str:
+    """The short system message describing the tag protocol for the given tools (§1.1)."""
+    uses = ", ".join(_TOOL_LINES[t] for t in tools)
+    return (f"Use tools to answer. {uses}; results come in <result></result>. "
+            "Think in <think></think> if needed. Answer as <answer>\\boxed{answer}</answer>.")
+
+
+SYSTEM_PROMPT = system_prompt()
+
+
+def chat_messages(question: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The prompt of one question: the tool-protocol system message, then the user question (§1.1)."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def format_result(output: str) -> str:
+    """A tool result block exactly as the rollout appends it after the closing tag (§1.1)."""
+    return f" <result>\n{output}\n</result>"
+
+
+def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
+                allowed: tuple[str, ...] = ("search", "python")) -> dict[str, Tool]:
+    """Tools by tag. Search queries ``task_cfg.search_url`` when set, else an in-process BM25 index
+    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus."""
+    tools: dict[str, Tool] = {}
+    if "search" in allowed:
+        if task_cfg.search_url:
+            tools["search"] = get_tool("search", url=task_cfg.search_url, topk=task_cfg.search_topk)
+        else:
+            source = task_cfg.corpus or corpus
+            if source is None:
+                raise ValueError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
+                                 "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
+            tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk)
+    if "python" in allowed:
+        tools["python"] = get_tool("python")
+    return tools

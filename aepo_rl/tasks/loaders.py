@@ -1,0 +1,189 @@
+"""User data and the paper's evaluation sets, read from parquet or JSONL files.
+
+Two row layouts are accepted, detected per row:
+
+- verl's RL schema (architecture.md Contracts): ``data_source``, ``prompt`` (list of
+  {role, content}), ``ability``, ``reward_model`` = {style, ground_truth}, ``extra_info``;
+- evaluation rows: ``question`` and ``answer`` (a string or a list of strings).
+
+``task.name=file`` reads ``task.train_files`` (split "train") and ``task.val_files`` (splits
+"dev", "test" and "val"); ``task.name=<eval set>`` (e.g. ``hotpotqa``) does the same with the
+set's default reward and tools (§5 benchmarks). A prompt without a system message gets the tool
+protocol's (§1.1).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from aepo_rl.config import TaskConfig
+from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
+from aepo_rl.tasks.base import Demonstration, Example
+from aepo_rl.tasks.common import build_tools, chat_messages, system_prompt
+from aepo_rl.tools.base import Tool
+
+
+class DatasetError(ValueError):
+    """A data file is unreadable or a row lacks a field; the message names the file and line/row."""
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    reward: str
+    tools: tuple[str, ...]
+
+
+_MATH = EvalSet("math", ("python",))
+_QA = EvalSet("deep_research", ("search", "python"))
+EVAL_SETS: dict[str, EvalSet] = {
+    "aime24": _MATH, "aime25": _MATH, "math500": _MATH, "math": _MATH, "gsm8k": _MATH,
+    "hotpotqa": _QA, "2wiki": _QA, "musique": _QA, "bamboogle": _QA, "simpleqa": _QA,
+    "gaia": _QA, "hle": _QA, "webwalkerqa": _QA, "xbench-deepsearch": _QA,
+}
+"""The paper's 14 benchmarks (§5) → default reward and the tools they allow."""
+
+
+def eval_set_name(data_source: str) -> str | None:
+    """The registry name of a data source ("HotpotQA", "hotpot_qa", "aime_2024" …), or None."""
+    key = re.sub(r"[^a-z0-9]", "", data_source.lower().rsplit("/", 1)[-1])
+    aliases = {"hotpot": "hotpotqa", "2wikimultihopqa": "2wiki", "aime2024": "aime24", "aime2025": "aime25",
+               "xbench": "xbench-deepsearch", "xbenchdeepsearch": "xbench-deepsearch"}
+    for name in EVAL_SETS:
+        if key == re.sub(r"[^a-z0-9]", "", name):
+            return name
+    return aliases.get(key)
+
+
+def default_reward(data_source: str) -> str:
+    """The reward of a data source: its evaluation set's default, else deep_research (§3)."""
+    name = eval_set_name(data_source)
+    return EVAL_SETS[name].reward if name else "deep_research"
+
+
+# ---------------------------------------------------------------- reading files
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a ``.parquet`` or ``.jsonl`` file; a malformed JSONL line names the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"data file {path} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow raises several error types for bad files
+            raise DatasetError(f"{path}: not a readable parquet file: {err}") from None
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _field(row: dict, dotted: str, where: str):
+    value: object = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value or value[part] is None:
+            raise DatasetError(f"{where}: missing field '{dotted}'")
+        value = value[part]
+    return value
+
+
+def row_to_example(row: dict, where: str, example_id: str, default_source: str,
+                   tools: tuple[str, ...] = ("search", "python")) -> Example:
+    """One row (verl schema or question/answer) as an Example; ``where`` names file and row."""
+    if "prompt" in row:
+        messages = _field(row, "prompt", where)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                     for m in messages):
+            raise DatasetError(f"{where}: field 'prompt' must be a list of {{role, content}} messages")
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        if not users:
+            raise DatasetError(f"{where}: field 'prompt' has no user message")
+        question = users[-1]
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system_prompt(tools)}, *messages]
+        answers = gold_answers(_field(row, "reward_model.ground_truth", where))
+        extra_info = dict(row.get("extra_info") or {})
+    else:
+        question = str(_field(row, "question", where))
+        answers = gold_answers(_field(row, "answer", where))
+        messages = chat_messages(question, system_prompt(tools))
+        extra_info = {}
+    return Example(id=example_id, question=question, answers=answers,
+                   data_source=str(row.get("data_source") or default_source), messages=messages,
+                   ability=str(row.get("ability") or "agent"), extra_info=extra_info)
+
+
+def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python")) -> list[Example]:
+    """Every row of ``paths`` as Examples, ids ``<file stem>-<split>-<row>``."""
+    examples = []
+    for path in paths:
+        stem = Path(path).stem
+        for i, row in enumerate(read_rows(path)):
+            examples.append(row_to_example(row, f"{path} row {i}", f"{stem}-{split}-{i}", stem, tools))
+    return examples
+
+
+# ---------------------------------------------------------------- the task
+
+class FileTask:
+    """A task read from files: ``task.name=file`` or an evaluation set name (``hotpotqa``, ``gsm8k`` …).
+
+    An evaluation set uses its registry reward and tools; ``task.reward`` overrides the reward
+    when it is set to something other than the default ``deep_research``.
+    """
+
+    def __init__(self, task_cfg: TaskConfig):
+        self.cfg = task_cfg
+        self.name = task_cfg.name
+        spec = EVAL_SETS.get(task_cfg.name) if task_cfg.name != "file" else None
+        self.allowed_tools = spec.tools if spec else ("search", "python")
+        reward_name = spec.reward if spec and task_cfg.reward == TaskConfig.reward else task_cfg.reward
+        self.reward_name = reward_name
+        self._reward = get_reward(reward_name, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
+        if not task_cfg.train_files and not task_cfg.val_files:
+            raise DatasetError(f"task '{self.name}' reads files: set task.train_files=[...] and/or task.val_files=[...]")
+        self._splits = {"train": load_examples(task_cfg.train_files, "train", self.allowed_tools)}
+        val = load_examples(task_cfg.val_files, "val", self.allowed_tools)
+        self._splits.update(dev=val, test=val, val=val)
+        self._tools: dict[str, Tool] | None = None
+
+    def examples(self, split: str) -> list[Example]:
+        if split not in self._splits:
+            raise KeyError(f"task '{self.name}' has no split '{split}'; splits: {list(self._splits)}")
+        return self._splits[split]
+
+    def tools(self) -> dict[str, Tool]:
+        if self._tools is None:
+            self._tools = build_tools(self.cfg, allowed=self.allowed_tools)
+        return self._tools
+
+    def reward(self, example: Example, response_text: str) -> float:
+        return self._reward(response_text, example.answers, example.question)
+
+    def correct(self, example: Example, response_text: str) -> bool:
+        """Binary rewards (math, exact_match, llm_judge) decide; for F1-style rewards, exact match."""
+        if self.reward_name in ("math", "exact_match", "llm_judge"):
+            return self.reward(example, response_text) >= 1.0
+        return is_exact_match(extract_answer(response_text), example.answers)
+
+    def demonstrations(self) -> list[Demonstration]:
+        return []
+
+    def texts(self) -> list[str]:
+        return [m["content"] for e in self._splits["train"] for m in e.messages] + \
+               [a for e in self._splits["train"] for a in e.answers]

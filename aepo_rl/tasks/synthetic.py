@@ -1,0 +1,449 @@
+"""The built-in task: a fictional world that can only be known through the search tool.
+
+``build_world(seed)`` invents people, organisations and cities with syllable-built names (a few
+BPE tokens each, no two within edit distance 1), writes one short document per entity in
+varied sentences, and partitions the entities into train/dev/test so that no entity of one
+split appears in another split's questions. Questions need 1-3 searches (the query is always
+an entity name copied from the question or from a result) and sometimes a one-line python
+computation (differences of years, sums of quantities). Teacher demonstrations are scripted
+trajectories in the release's tag protocol (§1.1) whose tool results come from running the
+task's own tools; a share ``teacher_error_rate`` carries a deliberate error so cold-start SFT
+leaves headroom for RL (§5).
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aepo_rl.config import TaskConfig
+from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
+from aepo_rl.tasks.base import Demonstration, Example
+from aepo_rl.tasks.common import SYSTEM_PROMPT, build_tools, chat_messages, format_result
+from aepo_rl.tools.base import Tool
+
+SPLITS = ("train", "dev", "test")
+DEFAULT_QUESTIONS = {"train": 512, "dev": 64, "test": 64}
+_TEACHER_THREADS = 8  # concurrent tool calls while writing demonstrations (the sandbox bounds its own pool)
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "st", "th"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "m"]
+_OCCUPATIONS = ["chemist", "painter", "sailor", "judge", "poet", "engineer", "farmer", "doctor", "merchant", "teacher"]
+_ORG_KINDS = ["Guild", "Bank", "Press", "Institute", "Company", "Brewery", "Shipyard", "Theatre"]
+
+
+# ---------------------------------------------------------------- the world
+
+@dataclass
+class Person:
+    name: str
+    occupation: str
+    born: int
+    died: int
+    birthplace: str
+
+
+@dataclass
+class Organization:
+    name: str
+    kind: str
+    founded: int
+    founder: str
+    city: str
+    employees: int
+
+
+@dataclass
+class City:
+    name: str
+    founded: int
+    population: int
+
+
+@dataclass
+class World:
+    """Entities by name, the split each belongs to, and the corpus ({"id", "title", "text"} per doc)."""
+
+    people: dict[str, Person] = field(default_factory=dict)
+    orgs: dict[str, Organization] = field(default_factory=dict)
+    cities: dict[str, City] = field(default_factory=dict)
+    split_of: dict[str, str] = field(default_factory=dict)
+    corpus: list[dict] = field(default_factory=list)
+
+    def pool(self, kind: str, split: str) -> list[str]:
+        """Names of one kind ("person", "org", "city") in a split, in creation order."""
+        table = {"person": self.people, "org": self.orgs, "city": self.cities}[kind]
+        return [name for name in table if self.split_of[name] == split]
+
+
+class _NameMaker:
+    """Capitalised syllable words; a new word is never within edit distance 1 of an earlier one."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.keys: set[str] = set()
+
+    @staticmethod
+    def _deletion_keys(word: str) -> set[str]:
+        # Two words within Levenshtein distance 1 share a key of this set.
+        return {word} | {word[:i] + "*" + word[i + 1:] for i in range(len(word))} | \
+               {word[:i] + word[i + 1:] for i in range(len(word))}
+
+    def word(self) -> str:
+        while True:
+            syllables = 2 if self.rng.random() < 0.8 else 3
+            word = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+                           for _ in range(syllables))
+            keys = self._deletion_keys(word)
+            if 4 <= len(word) <= 9 and not keys & self.keys:
+                self.keys |= keys
+                return word.capitalize()
+
+
+def _pool_sizes(num_questions: int) -> dict[str, int]:
+    return {"city": max(8, num_questions // 4), "person": max(24, num_questions), "org": max(12, num_questions // 2)}
+
+
+def build_world(seed: int = 0, num_questions: dict[str, int] | None = None) -> World:
+    """The fictional world of ``seed``: entities per split (sized for ``num_questions`` per split) and the corpus."""
+    num_questions = {**DEFAULT_QUESTIONS, **(num_questions or {})}
+    rng = random.Random(f"world-{seed}")
+    names = _NameMaker(rng)
+    world = World()
+    for split in SPLITS:
+        sizes = _pool_sizes(num_questions[split])
+        cities = [City(names.word(), rng.randint(900, 1700), rng.randint(1200, 98000)) for _ in range(sizes["city"])]
+        people = []
+        for _ in range(sizes["person"]):
+            born = rng.randint(1700, 1930)
+            people.append(Person(f"{names.word()} {names.word()}", rng.choice(_OCCUPATIONS), born,
+                                 born + rng.randint(35, 90), rng.choice(cities).name))
+        founders = rng.sample(people, sizes["org"])
+        orgs = [Organization(f"{names.word()} {kind}", kind.lower(), f.born + rng.randint(20, 60), f.name,
+                             rng.choice(cities).name, rng.randint(12, 4800))
+                for f in founders for kind in [rng.choice(_ORG_KINDS)]]
+        for table, items in ((world.cities, cities), (world.people, people), (world.orgs, orgs)):
+            for item in items:
+                table[item.name] = item
+                world.split_of[item.name] = split
+    docs = [(p.name, _person_text(p, rng)) for p in world.people.values()]
+    docs += [(o.name, _org_text(o, rng)) for o in world.orgs.values()]
+    docs += [(c.name, _city_text(c, rng)) for c in world.cities.values()]
+    rng.shuffle(docs)
+    world.corpus = [{"id": f"doc{i}", "title": title, "text": text} for i, (title, text) in enumerate(docs)]
+    return world
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _person_text(p: Person, rng: random.Random) -> str:
+    return rng.choice([
+        f"{p.name} was born in {p.birthplace} in {p.born} and died in {p.died}.",
+        f"{p.name} was {_a(p.occupation)} born in {p.born} in {p.birthplace}, who died in {p.died}.",
+        f"Born in {p.birthplace} in {p.born}, {p.name} became {_a(p.occupation)} and died in {p.died}.",
+    ])
+
+
+def _org_text(o: Organization, rng: random.Random) -> str:
+    return rng.choice([
+        f"{o.name} is {_a(o.kind)} in {o.city}, founded by {o.founder} in {o.founded}. It has {o.employees} employees.",
+        f"{o.founder} founded {o.name} in {o.founded}. It is based in {o.city} and employs {o.employees} people.",
+    ])
+
+
+def _city_text(c: City, rng: random.Random) -> str:
+    return rng.choice([
+        f"{c.name} is a city founded in {c.founded}, with {c.population} inhabitants.",
+        f"Founded in {c.founded}, the city of {c.name} has a population of {c.population}.",
+    ])
+
+
+# ---------------------------------------------------------------- questions
+
+@dataclass
+class Solution:
+    """How the teacher answers: the searches in order, an optional python expression, the answer."""
+
+    queries: list[str]
+    python: str | None
+    answer: str
+
+
+@dataclass
+class QuestionTemplate:
+    name: str
+    hops: int
+    """Searches the question needs."""
+    roots: tuple[str, ...]
+    """Kinds of the entities named in the question."""
+    phrasings: tuple[str, ...]
+    solve: Callable[[World, list[str]], Solution]
+
+    @property
+    def arithmetic(self) -> bool:
+        return self.name.startswith("calc_")
+
+
+def _lookup(w: World, *chain: str) -> Solution:
+    """Follow a chain of attributes from a root entity, searching every entity on the way."""
+    queries, name, value = [], chain[0], None
+    for attr in chain[1:]:
+        queries.append(name)
+        entity = w.people.get(name) or w.orgs.get(name) or w.cities[name]
+        value = getattr(entity, attr)
+        name = value
+    return Solution(queries, None, str(value))
+
+
+def _difference(queries: list[str], left: int, right: int) -> Solution:
+    big, small = max(left, right), min(left, right)
+    return Solution(queries, f"{big} - {small}", str(big - small))
+
+
+def _total(queries: list[str], left: int, right: int) -> Solution:
+    return Solution(queries, f"{left} + {right}", str(left + right))
+
+
+def _founder_age(w: World, r: list[str]) -> Solution:
+    org = w.orgs[r[0]]
+    return _difference([org.name, org.founder], org.founded, w.people[org.founder].born)
+
+
+TEMPLATES: list[QuestionTemplate] = [
+    QuestionTemplate("born", 1, ("person",), ("In which year was {0} born?", "When was {0} born?"),
+                     lambda w, r: _lookup(w, r[0], "born")),
+    QuestionTemplate("died", 1, ("person",), ("In which year did {0} die?", "When did {0} die?"),
+                     lambda w, r: _lookup(w, r[0], "died")),
+    QuestionTemplate("birthplace", 1, ("person",), ("Where was {0} born?", "In which city was {0} born?"),
+                     lambda w, r: _lookup(w, r[0], "birthplace")),
+    QuestionTemplate("founder", 1, ("org",), ("Who founded {0}?", "Who was the founder of {0}?"),
+                     lambda w, r: _lookup(w, r[0], "founder")),
+    QuestionTemplate("org_founded", 1, ("org",), ("In which year was {0} founded?", "When was {0} founded?"),
+                     lambda w, r: _lookup(w, r[0], "founded")),
+    QuestionTemplate("org_city", 1, ("org",), ("In which city is {0} based?", "Where is {0} based?"),
+                     lambda w, r: _lookup(w, r[0], "city")),
+    QuestionTemplate("employees", 1, ("org",), ("How many employees does {0} have?", "How many people work at {0}?"),
+                     lambda w, r: _lookup(w, r[0], "employees")),
+    QuestionTemplate("population", 1, ("city",), ("What is the population of {0}?", "How many people live in {0}?"),
+                     lambda w, r: _lookup(w, r[0], "population")),
+    QuestionTemplate("city_founded", 1, ("city",), ("In which year was {0} founded?", "When was the city of {0} founded?"),
+                     lambda w, r: _lookup(w, r[0], "founded")),
+    QuestionTemplate("founder_birthplace", 2, ("org",), ("Where was the founder of {0} born?",
+                                                         "In which city was the founder of {0} born?"),
+                     lambda w, r: _lookup(w, r[0], "founder", "birthplace")),
+    QuestionTemplate("founder_born", 2, ("org",), ("In which year was the founder of {0} born?",
+                                                   "When was the founder of {0} born?"),
+                     lambda w, r: _lookup(w, r[0], "founder", "born")),
+    QuestionTemplate("org_city_population", 2, ("org",), ("What is the population of the city where {0} is based?",
+                                                          "How many people live in the city where {0} is based?"),
+                     lambda w, r: _lookup(w, r[0], "city", "population")),
+    QuestionTemplate("birthplace_founded", 2, ("person",), ("In which year was the birthplace of {0} founded?",
+                                                            "When was the city where {0} was born founded?"),
+                     lambda w, r: _lookup(w, r[0], "birthplace", "founded")),
+    QuestionTemplate("birthplace_population", 2, ("person",), ("What is the population of the birthplace of {0}?",
+                                                               "How many people live in the city where {0} was born?"),
+                     lambda w, r: _lookup(w, r[0], "birthplace", "population")),
+    QuestionTemplate("founder_birthplace_population", 3, ("org",),
+                     ("What is the population of the birthplace of the founder of {0}?",
+                      "How many people live in the city where the founder of {0} was born?"),
+                     lambda w, r: _lookup(w, r[0], "founder", "birthplace", "population")),
+    QuestionTemplate("founder_birthplace_founded", 3, ("org",),
+                     ("In which year was the birthplace of the founder of {0} founded?",
+                      "When was the city where the founder of {0} was born founded?"),
+                     lambda w, r: _lookup(w, r[0], "founder", "birthplace", "founded")),
+    QuestionTemplate("calc_lifespan", 1, ("person",), ("How many years did {0} live?",
+                                                       "How old was {0} when they died?"),
+                     lambda w, r: _difference([r[0]], w.people[r[0]].died, w.people[r[0]].born)),
+    QuestionTemplate("calc_founder_age", 2, ("org",), ("How old was the founder of {0} when it was founded?",
+                                                       "How old was the founder of {0} when they founded it?"),
+                     _founder_age),
+    QuestionTemplate("calc_employees_total", 2, ("org", "org"),
+                     ("How many employees do {0} and {1} have together?",
+                      "How many people work at {0} and {1} combined?"),
+                     lambda w, r: _total(r, w.orgs[r[0]].employees, w.orgs[r[1]].employees)),
+    QuestionTemplate("calc_population_total", 2, ("city", "city"),
+                     ("What is the combined population of {0} and {1}?",
+                      "How many people live in {0} and {1} together?"),
+                     lambda w, r: _total(r, w.cities[r[0]].population, w.cities[r[1]].population)),
+    QuestionTemplate("calc_birth_gap", 2, ("person", "person"),
+                     ("How many years apart were {0} and {1} born?",
+                      "How many years separate the births of {0} and {1}?"),
+                     lambda w, r: _difference(r, w.people[r[0]].born, w.people[r[1]].born)),
+]
+_TEMPLATES = {t.name: t for t in TEMPLATES}
+
+
+def make_questions(world: World, split: str, count: int, rng: random.Random, max_hops: int,
+                   arithmetic_fraction: float) -> list[Example]:
+    """``count`` distinct questions about the entities of ``split``.
+
+    Each question is arithmetic with probability ``arithmetic_fraction``; its hop level is drawn
+    uniformly from the levels (≤ ``max_hops``) that have templates of that kind.
+    """
+    by_level: dict[tuple[bool, int], list[QuestionTemplate]] = {}
+    for t in TEMPLATES:
+        if t.hops <= max_hops:
+            by_level.setdefault((t.arithmetic, t.hops), []).append(t)
+    examples, seen = [], set()
+    while len(examples) < count:
+        arithmetic = rng.random() < arithmetic_fraction
+        levels = sorted(h for (a, h) in by_level if a == arithmetic)
+        template = rng.choice(by_level[(arithmetic, rng.choice(levels))])
+        roots: list[str] = []
+        for kind in template.roots:
+            roots.append(rng.choice([n for n in world.pool(kind, split) if n not in roots]))
+        question = rng.choice(template.phrasings).format(*roots)
+        if question in seen:
+            continue
+        seen.add(question)
+        solution = template.solve(world, roots)
+        examples.append(Example(
+            id=f"synthetic-{split}-{len(examples)}", question=question, answers=[solution.answer],
+            data_source="synthetic", messages=chat_messages(question),
+            extra_info={"split": split, "template": template.name, "hops": template.hops,
+                        "arithmetic": template.arithmetic, "roots": roots,
+                        "entities": _chain_entities(world, solution)}))
+    return examples
+
+
+def _chain_entities(world: World, solution: Solution) -> list[str]:
+    """Every entity a question touches: the searched ones and an entity-valued answer."""
+    answer = [solution.answer] if solution.answer in world.split_of else []
+    return list(dict.fromkeys(solution.queries + answer))
+
+
+# ---------------------------------------------------------------- the teacher
+
+ERROR_KINDS = ("wrong_query", "skipped_search", "arithmetic_slip")
+
+
+def _wrong_query(world: World, example: Example, rng: random.Random) -> Solution:
+    """The teacher searches for another entity of the same kind and follows it consistently."""
+    template = _TEMPLATES[example.extra_info["template"]]
+    roots = list(example.extra_info["roots"])
+    i = rng.randrange(len(roots))
+    pool = [n for n in world.pool(template.roots[i], example.extra_info["split"]) if n not in roots]
+    roots[i] = rng.choice(pool)
+    return template.solve(world, roots)
+
+
+def _guess(world: World, example: Example, rng: random.Random) -> Solution:
+    """The teacher skips the search and guesses an answer of the right kind."""
+    gold, split = example.answers[0], example.extra_info["split"]
+    if gold in world.people:
+        guess = rng.choice(world.pool("person", split))
+    elif gold in world.cities:
+        guess = rng.choice(world.pool("city", split))
+    else:
+        guess = str(int(gold) + rng.choice([-1, 1]) * rng.randint(1, 40))
+    return Solution([], None, guess)
+
+
+def _slip(world: World, example: Example, rng: random.Random) -> Solution:
+    """The teacher searches correctly but mistypes a number in its python call."""
+    right = _TEMPLATES[example.extra_info["template"]].solve(world, example.extra_info["roots"])
+    left, op, operand = right.python.split(" ")
+    wrong = int(operand) + rng.choice([-1, 1]) * rng.randint(1, 9)
+    value = int(left) - wrong if op == "-" else int(left) + wrong
+    return Solution(right.queries, f"{left} {op} {wrong}", str(value))
+
+
+_MISTAKES = {"wrong_query": _wrong_query, "skipped_search": _guess, "arithmetic_slip": _slip}
+
+
+def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str, bool]]:
+    """A trajectory in the tag protocol (§1.1), tool results from running ``tools``.
+
+    Model pieces (trained) and result blocks (not trained) alternate; the final answer of an
+    arithmetic solution is the python tool's own output.
+    """
+    pieces: list[tuple[str, bool]] = []
+    answer = solution.answer
+    calls = [("search", q) for q in solution.queries] + ([("python", solution.python)] if solution.python else [])
+    for tag, arg in calls:
+        pieces.append((f"{' ' if pieces else ''}<{tag}>{arg}</{tag}>", True))
+        output = tools[tag].run(arg)
+        pieces.append((format_result(output), False))
+        if tag == "python":
+            answer = output.strip()
+    pieces.append((f"{' ' if pieces else ''}<answer>\\boxed{{{answer}}}</answer>", True))
+    return pieces
+
+
+# ---------------------------------------------------------------- the task
+
+class SyntheticTask:
+    """The built-in task (``task.name=synthetic``): tools are necessary, answers are unguessable."""
+
+    name = "synthetic"
+
+    def __init__(self, task_cfg: TaskConfig, tools: dict[str, Tool] | None = None):
+        self.cfg = task_cfg
+        counts = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}
+        self.world = build_world(task_cfg.seed, counts)
+        self._examples = {
+            split: make_questions(self.world, split, counts[split], random.Random(f"questions-{task_cfg.seed}-{split}"),
+                                  task_cfg.max_hops, task_cfg.arithmetic_fraction)
+            for split in SPLITS}
+        self._tools = tools
+        self._demos: list[Demonstration] | None = None
+        self._reward = get_reward(task_cfg.reward, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
+
+    def examples(self, split: str) -> list[Example]:
+        if split not in self._examples:
+            raise KeyError(f"synthetic task has no split '{split}'; splits: {list(SPLITS)}")
+        return self._examples[split]
+
+    def tools(self) -> dict[str, Tool]:
+        if self._tools is None:
+            self._tools = build_tools(self.cfg, corpus=self.world.corpus)
+        return self._tools
+
+    def reward(self, example: Example, response_text: str) -> float:
+        return self._reward(response_text, example.answers, example.question)
+
+    def correct(self, example: Example, response_text: str) -> bool:
+        r"""The boxed answer equals a gold answer after normalisation."""
+        return is_exact_match(extract_answer(response_text), example.answers)
+
+    def demonstrations(self) -> list[Demonstration]:
+        """``num_demonstrations`` teacher trajectories on fresh train-split questions; exactly
+        round(teacher_error_rate · N) of them carry an error (wrong query, skipped search, or an
+        arithmetic slip for arithmetic questions), and every one of those gets a wrong answer.
+        The plans are drawn in order (deterministic); the tool calls run concurrently."""
+        if self._demos is None:
+            cfg, rng = self.cfg, random.Random(f"teacher-{self.cfg.seed}")
+            questions = make_questions(self.world, "train", cfg.num_demonstrations, rng, cfg.max_hops,
+                                       cfg.arithmetic_fraction)
+            flawed = set(rng.sample(range(len(questions)), round(cfg.teacher_error_rate * len(questions))))
+            plans = [self._plan(ex, i in flawed, rng) for i, ex in enumerate(questions)]
+            tools = self.tools()
+            with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
+                pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools), plans))
+            self._demos = [Demonstration(ex, p, has_error=i in flawed)
+                           for i, (ex, p) in enumerate(zip(questions, pieces))]
+        return self._demos
+
+    def _plan(self, example: Example, flawed: bool, rng: random.Random) -> Solution:
+        """The teacher's solution; a flawed one is redrawn until its answer is wrong."""
+        template = _TEMPLATES[example.extra_info["template"]]
+        if not flawed:
+            return template.solve(self.world, example.extra_info["roots"])
+        kinds = ERROR_KINDS if template.arithmetic else ERROR_KINDS[:2]
+        while True:
+            solution = _MISTAKES[rng.choice(kinds)](self.world, example, rng)
+            if not is_exact_match(solution.answer, example.answers):
+                return solution
+
+    def texts(self) -> list[str]:
+        """Train-split text only (system prompt, questions, documents, demonstrations), so a
+        tokenizer trained on it has seen no dev/test entity name as a whole."""
+        train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
+                      if self.world.split_of[d["title"]] == "train"]
+        demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
+        return [SYSTEM_PROMPT, *(e.question for e in self.examples("train")), *train_docs, *demos]

@@ -1,0 +1,100 @@
+"""Where a run's metrics go: ``metrics.jsonl``, TensorBoard, Weights & Biases, the console.
+
+``metrics.jsonl`` holds one JSON object per RL step with its ``step`` (verl metric names, §7).
+On resume the file is rewritten from the checkpoint's metric history, so a step that was in
+flight when the run died never appears twice. The console shows a rich progress bar with an
+ETA and one compact line of key metrics per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from aepo_rl.train.checkpoint import atomic_write_text
+
+CONSOLE_KEYS = [("critic/score/mean", "score"), ("actor/pg_loss", "pg_loss"), ("actor/entropy", "entropy"),
+                ("actor/pg_clipfrac", "clip"), ("tool_call_counts/mean", "tools"),
+                ("response_length/mean", "len"), ("rollout/branches_per_prompt", "branches"),
+                ("timing_s/step", "s")]
+"""(metric, short label) shown on the per-step console line."""
+
+
+def _jsonable(metrics: dict) -> dict:
+    """Floats as JSON allows (NaN/Inf become null)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+
+
+class RunLogger:
+    """Fan a step's metrics out to every sink; use as a context manager."""
+
+    def __init__(self, run_dir: str | Path, *, total_steps: int, history: list[dict], tensorboard: bool = True,
+                 wandb_project: str | None = None, run_name: str = "", config: dict | None = None,
+                 console: Console | None = None):
+        self.run_dir = Path(run_dir)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.console = console or Console()
+        atomic_write_text(self.metrics_path, "".join(json.dumps(_jsonable(m)) + "\n" for m in history))
+        self._file = open(self.metrics_path, "a")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                self.console.print(f"[yellow]trainer.wandb_project={wandb_project!r} is set but wandb is not "
+                                   "installed: pip install 'aepo-rl[wandb]' (continuing without W&B)[/]")
+            else:
+                self._wandb = wandb.init(project=wandb_project, name=run_name, id=run_name or None,
+                                         resume="allow", dir=str(self.run_dir), config=config or {})
+        self._progress = Progress(TextColumn("[bold]RL[/]"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                  console=self.console, transient=False)
+        self._task = self._progress.add_task("rl", total=total_steps, completed=len(history))
+
+    def __enter__(self) -> RunLogger:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def log(self, step: int, metrics: dict[str, float]) -> dict:
+        """Record step ``step``'s metrics everywhere; returns the record written to metrics.jsonl."""
+        record = {"step": step, **metrics}
+        self._file.write(json.dumps(_jsonable(record)) + "\n")
+        self._file.flush()
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                if self._tb is not None:
+                    self._tb.add_scalar(key, value, step)
+        if self._tb is not None:
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        self._progress.console.print(self.format_line(step, metrics))
+        self._progress.advance(self._task)
+        return record
+
+    @staticmethod
+    def format_line(step: int, metrics: dict[str, float]) -> str:
+        parts = [f"step {step:>4}"]
+        parts += [f"{label} {metrics[key]:.3g}" for key, label in CONSOLE_KEYS if key in metrics]
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        self._progress.stop()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

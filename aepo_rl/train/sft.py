@@ -1,0 +1,257 @@
+"""Cold-start SFT on the task's teacher demonstrations (aepo-algorithm.md §5).
+
+A demonstration is the prompt followed by pieces of text in order: the teacher's own writing
+(trained) and the tool results the environment inserted (not trained). Each piece is
+tokenized on its own, exactly as the rollout sees it (model tokens, then the tool result's
+tokens appended), and the response ends with the EOS token ``<|im_end|>`` (trained). The
+loss is the token-mean cross-entropy over trained tokens only: prompt and tool-result tokens
+have loss mask 0 (§1.1). AdamW with linear warm-up then cosine decay to 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+
+from aepo_rl.models import apply_lora, encode_prompt
+
+if TYPE_CHECKING:
+    from aepo_rl.config import Config
+    from aepo_rl.tasks.base import Demonstration
+
+
+@dataclass
+class SFTSample:
+    """One tokenized demonstration: ids and a 0/1 loss mask of the same length."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def tokenize_demonstration(tokenizer, demo: Demonstration, max_length: int) -> SFTSample:
+    """Prompt (mask 0) + each piece (mask 1 if the model wrote it, 0 for tool results) + EOS (mask 1)."""
+    ids = encode_prompt(tokenizer, demo.example.messages)
+    mask = [0] * len(ids)
+    for text, trained in demo.pieces:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [int(trained)] * len(piece)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return SFTSample(ids[:max_length], mask[:max_length])
+
+
+def collate(samples: list[SFTSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: ``input_ids``, ``attention_mask``, ``loss_mask`` of shape [B, T]."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[row, :n] = torch.tensor(s.input_ids)
+        attention[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+def batches_for_epoch(samples: list[SFTSample], batch_size: int, rng: random.Random) -> list[list[SFTSample]]:
+    """Shuffled batches of similar lengths (sorted within windows of 8 batches) to limit padding."""
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    window = batch_size * 8
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start:start + window], key=lambda i: len(samples[i].input_ids))
+        batches += [[samples[i] for i in chunk[k:k + batch_size]] for k in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    """LR multiplier at optimizer step s (0-based): (s+1)/W for s < W, then ½(1 + cos(π (s−W)/(S−W)))."""
+    warmup = round(warmup_ratio * total_steps)
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return multiplier
+
+
+def masked_lm_loss(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-mean next-token cross-entropy over loss-masked targets; also (argmax hits, trained-token count)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
+    token_ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    count = mask.sum()
+    loss = (token_ce * mask).sum() / count.clamp(min=1)
+    hits = ((logits.argmax(-1) == targets).float() * mask).sum()
+    return loss, hits.detach(), count
+
+
+@torch.no_grad()
+def token_accuracy(model, samples: list[SFTSample], tokenizer, batch_size: int, bf16: bool) -> dict[str, float]:
+    """Teacher-forced accuracy on held-out demonstrations.
+
+    ``token_accuracy``: share of trained tokens predicted by argmax. ``answer_accuracy``: share
+    of demonstrations whose every token after ``<answer>`` up to and including ``</answer>``
+    is predicted by argmax (the answer copied right, given the right context).
+    """
+    was_training = model.training
+    model.eval()
+    vocab = tokenizer.get_vocab()
+    open_id, close_id = vocab.get("<answer>"), vocab.get("</answer>")
+    hits = count = answers_right = answers = 0
+    for start in range(0, len(samples), batch_size):
+        batch = collate(samples[start:start + batch_size], tokenizer.pad_token_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
+        right = logits.argmax(-1) == targets
+        hits += int((right.float() * mask).sum())
+        count += int(mask.sum())
+        if open_id is None or close_id is None:
+            continue
+        # answer span in target coordinates: targets after the <answer> target, through </answer>
+        after_open = (targets == open_id).long().cumsum(1) - (targets == open_id).long() > 0
+        through_close = (targets == close_id).long().cumsum(1) - (targets == close_id).long() == 0
+        span = after_open & through_close & mask.bool()
+        has_span = span.any(1)
+        answers += int(has_span.sum())
+        answers_right += int((has_span & (right | ~span).all(1)).sum())
+    model.train(was_training)
+    out = {"token_accuracy": hits / max(1, count)}
+    if answers:
+        out["answer_accuracy"] = answers_right / answers
+    return out
+
+
+def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
+            dev_demos: list[Demonstration] | None = None) -> dict:
+    """Train ``model`` in place on ``demos`` (§5); returns metrics.
+
+    With ``cfg.model.lora_rank > 0`` only LoRA adapters train and are merged into ``model``
+    at the end, so ``model`` stays a plain transformers model. Metrics: ``loss_curve`` (one
+    value per optimizer step), ``lr_curve``, ``final_loss`` (mean over the last epoch),
+    ``tokens_per_s`` (all tokens in the batches), ``trained_tokens``, ``steps``, ``time_s``,
+    and ``dev/token_accuracy`` / ``dev/answer_accuracy`` when ``dev_demos`` are given.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    sft = cfg.sft
+    samples = [tokenize_demonstration(tokenizer, d, sft.max_length) for d in demos]
+    if not samples:
+        raise ValueError("SFT got no demonstrations: the task's demonstrations() is empty")
+    torch.manual_seed(cfg.trainer.seed)
+    rng = random.Random(cfg.trainer.seed)
+    trainee = apply_lora(model, cfg.model)
+    trainee.train()
+    params = [p for p in trainee.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
+    steps_per_epoch = math.ceil(len(samples) / sft.batch_size)
+    total_steps = steps_per_epoch * sft.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, sft.warmup_ratio))
+    losses: list[float] = []
+    lrs: list[float] = []
+    seen_tokens = trained_tokens = 0
+    start = time.perf_counter()
+    columns = (TextColumn("SFT epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn())
+    with Progress(*columns) as progress:
+        bar = progress.add_task("sft", total=total_steps, epoch=0, loss=float("nan"))
+        for epoch in range(sft.epochs):
+            for batch_samples in batches_for_epoch(samples, sft.batch_size, rng):
+                batch = collate(batch_samples, tokenizer.pad_token_id)
+                loss, _, count = masked_lm_loss(trainee, batch, cfg.trainer.bf16)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip)
+                lrs.append(scheduler.get_last_lr()[0])
+                optimizer.step()
+                scheduler.step()
+                losses.append(loss.item())
+                seen_tokens += int(batch["attention_mask"].sum())
+                trained_tokens += int(count)
+                progress.update(bar, advance=1, epoch=epoch + 1, loss=losses[-1])
+    elapsed = time.perf_counter() - start
+    trainee.eval()
+    if trainee is not model:
+        trainee.merge_and_unload()  # writes the merged weights into ``model``'s own modules
+    model.eval()
+    last_epoch = losses[-steps_per_epoch:] if losses else [float("nan")]
+    metrics = {"loss_curve": losses, "lr_curve": lrs, "final_loss": sum(last_epoch) / len(last_epoch),
+               "tokens_per_s": seen_tokens / max(elapsed, 1e-9), "trained_tokens": trained_tokens,
+               "steps": total_steps, "epochs": sft.epochs, "num_demonstrations": len(samples),
+               "time_s": elapsed}
+    if dev_demos:
+        dev = [tokenize_demonstration(tokenizer, d, sft.max_length) for d in dev_demos]
+        metrics.update({f"dev/{k}": v for k, v in
+                        token_accuracy(model, dev, tokenizer, sft.batch_size, cfg.trainer.bf16).items()})
+    return metrics
+
+
+def sft_main(cfg: Config, out_dir: str | None = None) -> int:
+    """``aepo sft``: train on the task's demonstrations, save ``<out>/checkpoints/sft``, evaluate."""
+    from rich.console import Console
+
+    from aepo_rl.config import to_yaml
+    from aepo_rl.models import load_policy, save_policy
+    from aepo_rl.tasks import get_task
+
+    console = Console()
+    out = Path(out_dir or Path(cfg.trainer.run_dir) / f"sft-{datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    task = get_task(cfg)
+    model, tokenizer = load_policy(cfg, task)
+    console.print(f"[bold]SFT[/] {task.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+                  f"{len(tokenizer)} tokens vocabulary")
+    metrics = run_sft(cfg, model, tokenizer, task.demonstrations(), dev_demonstrations(task))
+    checkpoint = save_policy(model, tokenizer, out / "checkpoints" / "sft")
+    _write_json(out / "sft_metrics.json", metrics)
+    console.print(f"final loss {metrics['final_loss']:.4f}, {metrics['tokens_per_s']:.0f} tok/s, "
+                  f"{metrics['time_s']:.0f} s" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
+                                                          if k.startswith("dev/")))
+    console.print(f"checkpoint: {checkpoint}")
+    results = evaluate_policy(cfg, model, tokenizer, task)
+    _write_json(out / "eval.json", {"sft": results})
+    for name, row in results.items():
+        console.print(f"{name}: pass@1 {row['pass@1']:.3f}, pass@{row['k']} {row['pass@k']:.3f} "
+                      f"({row['num_questions']} questions)")
+    return 0
+
+
+def dev_demonstrations(task) -> list[Demonstration]:
+    """Held-out teacher demonstrations on the dev split, when the task can write them."""
+    demonstrate = getattr(task, "demonstrations_for", None)
+    return demonstrate("dev") if demonstrate else []
+
+
+def evaluate_policy(cfg: Config, model, tokenizer, task) -> dict[str, dict]:
+    """pass@1 / pass@k on ``cfg.eval.split`` (G1's evaluator), keyed ``"<task>/<split>"``."""
+    from aepo_rl.engines import build_engine
+    from aepo_rl.evaluate import evaluate
+
+    split = cfg.eval.split
+    examples = task.examples(split)[:cfg.eval.num_questions]
+    engine = build_engine(cfg, model, tokenizer)
+    return {f"{task.name}/{split}": evaluate(engine, task, examples, cfg, split)}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)

@@ -1,0 +1,145 @@
+"""`aepo compare` with the SFT and RL stages replaced by scripted fakes: configs, CI math, tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+
+import pytest
+
+from aepo_rl.compare import (compare_main, mean_ci95, preset_configs, split_overrides, student_t_critical,
+                             user_overrides)
+from aepo_rl.config import ConfigError, load_config
+
+# t_{0.975, df} from standard tables
+T_TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 30: 2.0423}
+
+
+@pytest.mark.parametrize("df", sorted(T_TABLE))
+def test_student_t_critical_matches_tables(df):
+    assert student_t_critical(df) == pytest.approx(T_TABLE[df], abs=1e-4)
+
+
+def test_student_t_critical_other_levels_and_bad_input():
+    assert student_t_critical(5, confidence=0.90) == pytest.approx(2.0150, abs=1e-4)
+    assert student_t_critical(1, confidence=0.5) == pytest.approx(1.0, abs=1e-9)  # Cauchy quartile
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        student_t_critical(0)
+
+
+def test_mean_ci95_by_hand():
+    stat = mean_ci95([1.0, 2.0, 3.0, 4.0])
+    s = math.sqrt((1.5**2 + 0.5**2 + 0.5**2 + 1.5**2) / 3)
+    assert stat["mean"] == 2.5 and stat["n"] == 4
+    assert stat["ci95"] == pytest.approx(3.182446305 * s / 2)
+    assert mean_ci95([0.7]) == {"mean": 0.7, "ci95": None, "n": 1}
+    assert mean_ci95([None, None]) == {"mean": None, "ci95": None, "n": 0}
+    assert mean_ci95([2.0, None, 4.0])["n"] == 2
+
+
+def test_only_non_algorithm_overrides_are_carried():
+    cfg = load_config("aepo", overrides=["rollout.n=4", "trainer.lr=0.01", "task.num_train=10",
+                                         "algorithm.clip_ratio_high=0.3", "rollout.mode=arpo", "trainer.seed=5"])
+    assert user_overrides(cfg) == {"rollout.n": 4, "trainer.lr": 0.01, "task.num_train": 10, "trainer.seed": 5,
+                                   "algorithm.clip_ratio_high": 0.3, "rollout.mode": "arpo"}
+    carried, dropped = split_overrides(cfg)
+    assert carried == {"rollout.n": 4, "trainer.lr": 0.01, "task.num_train": 10, "trainer.seed": 5}
+    assert dropped == ["algorithm.clip_ratio_high", "rollout.mode"]
+
+    configs = preset_configs(cfg, ["grpo", "dapo"], seeds=2, steps=7)
+    assert list(configs) == [("grpo", 0), ("grpo", 1), ("dapo", 0), ("dapo", 1)]
+    for (preset, index), run_cfg in configs.items():
+        assert run_cfg.preset == preset
+        assert (run_cfg.rollout.n, run_cfg.trainer.batch_size, run_cfg.trainer.steps) == (4, 8, 7)
+        assert (run_cfg.trainer.seed, run_cfg.rollout.seed) == (5 + index, index)
+        assert (run_cfg.trainer.lr, run_cfg.task.num_train) == (0.01, 10)
+        assert run_cfg.rollout.mode == "independent"
+    assert configs[("grpo", 0)].algorithm.clip_ratio_high == 0.2  # the preset's, not the user's 0.3
+    assert configs[("dapo", 0)].algorithm.clip_ratio_high == 0.28
+    assert configs[("dapo", 1)].algorithm.dynamic_sampling
+
+
+# scripted per (preset, seed index): final pass@1, pass@k, tool calls, entropy at the last step
+SCRIPT = {
+    "grpo": [(0.2, 0.5, 2.0, 0.9), (0.4, 0.6, 3.0, 0.8), (0.6, 0.7, 4.0, 0.7)],
+    "aepo": [(0.5, 0.8, 1.0, 1.0), (0.5, 0.8, 1.0, 1.1), (0.8, 0.9, 1.0, 1.2)],
+}
+
+
+@pytest.fixture
+def fake_pipeline(monkeypatch):
+    calls = {"sft": [], "rl": []}
+
+    def run_sft_stage(cfg, run_dir):
+        calls["sft"].append((cfg, run_dir))
+        return str(run_dir / "model")
+
+    def run_rl_stage(cfg, init_model_dir, run_dir):
+        calls["rl"].append((cfg, init_model_dir, run_dir))
+        pass1, passk, tools, final_entropy = SCRIPT[cfg.preset][cfg.trainer.seed]
+        run_dir.mkdir(parents=True)
+        steps = [{"step": 1, "actor/entropy": 1.0, "critic/score/mean": 0.1},
+                 {"step": 2, "actor/entropy": final_entropy, "critic/score/mean": 0.2}]
+        if cfg.preset == "aepo":
+            steps[0]["rollout/distinct_per_group"], steps[1]["rollout/distinct_per_group"] = 3.0, 5.0
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+        return {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
+                                                "tool_calls/mean": tools}}
+
+    monkeypatch.setitem(sys.modules, "aepo_rl.train.pipeline",
+                        types.SimpleNamespace(run_sft_stage=run_sft_stage, run_rl_stage=run_rl_stage))
+    return calls
+
+
+def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
+    cfg = load_config("aepo", overrides=["rollout.n=4", "algorithm.clip_ratio_high=0.3"])
+    assert compare_main(cfg, ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path)) == 0
+
+    assert len(fake_pipeline["sft"]) == 1 and fake_pipeline["sft"][0][1] == tmp_path / "sft"
+    assert [(c.preset, c.trainer.seed, d.name) for c, _, d in fake_pipeline["rl"]] == [
+        ("grpo", 0, "grpo-seed0"), ("grpo", 1, "grpo-seed1"), ("grpo", 2, "grpo-seed2"),
+        ("aepo", 0, "aepo-seed0"), ("aepo", 1, "aepo-seed1"), ("aepo", 2, "aepo-seed2")]
+    assert {m for _, m, _ in fake_pipeline["rl"]} == {str(tmp_path / "sft" / "model")}
+    assert {(c.rollout.n, c.trainer.steps) for c, _, _ in fake_pipeline["rl"]} == {(4, 2)}
+
+    data = json.loads((tmp_path / "compare.json").read_text())
+    t2 = 4.302652729749462
+    grpo, aepo = data["summary"]["grpo"], data["summary"]["aepo"]
+    assert grpo["pass@1"]["mean"] == pytest.approx(0.4)
+    assert grpo["pass@1"]["ci95"] == pytest.approx(t2 * 0.2 / math.sqrt(3))
+    assert aepo["pass@1"]["mean"] == pytest.approx(0.6)
+    assert aepo["pass@1"]["ci95"] == pytest.approx(t2 * math.sqrt(0.03) / math.sqrt(3))
+    assert grpo["tool_calls"]["mean"] == pytest.approx(3.0)
+    assert grpo["entropy_drift"]["mean"] == pytest.approx(-0.2)  # drifts −0.1, −0.2, −0.3
+    assert aepo["entropy_drift"]["mean"] == pytest.approx(0.1)  # 0.0, +0.1, +0.2
+    assert aepo["entropy_drift"]["ci95"] == pytest.approx(t2 * 0.1 / math.sqrt(3))
+    assert aepo["distinct_per_group"] == {"mean": 4.0, "ci95": 0.0, "n": 3}
+    assert grpo["distinct_per_group"] == {"mean": None, "ci95": None, "n": 0}
+    assert [r["pass@k"] for r in data["runs"]["aepo"]] == [0.8, 0.8, 0.9]
+    assert data["sft_model"] == str(tmp_path / "sft" / "model") and data["steps"] == 2
+
+    md = (tmp_path / "compare.md").read_text()
+    assert "| grpo | 0.400 ± 0.497 | 0.600 ± 0.248 | 3.000 ± 2.484 | -0.200 ± 0.248 | n/a |" in md
+    assert "| aepo | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
+    assert (tmp_path / "plots" / "entropy.png").is_file() and (tmp_path / "plots" / "reward.png").is_file()
+    out = capsys.readouterr().out
+    assert "not carried to the presets (algorithm settings): algorithm.clip_ratio_high" in out
+    assert "compare: 3 seed(s) × 2 steps" in out
+
+
+def test_compare_main_one_seed_has_no_ci(fake_pipeline, tmp_path, capsys):
+    assert compare_main(load_config(), ["aepo"], seeds=1, steps=None, out_dir=str(tmp_path)) == 0
+    md = (tmp_path / "compare.md").read_text()
+    assert "| aepo | 0.500 | 0.800 | 1.000 | 0.000 | 4.000 |" in md
+    assert "one seed: no confidence interval" in md
+    assert "n=1: no CI" in capsys.readouterr().out
+    assert fake_pipeline["rl"][0][0].trainer.steps == load_config().trainer.steps
+
+
+def test_compare_main_rejects_bad_arguments(fake_pipeline, tmp_path):
+    with pytest.raises(ConfigError, match="--presets is empty"):
+        compare_main(load_config(), [], seeds=1, out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="--seeds must be >= 1"):
+        compare_main(load_config(), ["aepo"], seeds=0, out_dir=str(tmp_path))

@@ -1,0 +1,243 @@
+"""HFEngine: KV-cache reuse is exact, sampling is seeded, stops and budgets hold (§1.2, §1.5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aepo_rl.engines.base import GenerationEngine, SamplingParams
+from aepo_rl.engines.hf import HFEngine
+from aepo_rl.engines.sampling import sample_tokens, token_statistics
+
+
+class Recorder:
+    """Drives an engine and remembers, per sequence, each generated position and its statistics."""
+
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+        self.records: dict[int, list[tuple[int, int, float, float, float]]] = {}
+
+    def add(self, ids):
+        seq = self.engine.add_sequence(ids)
+        self.records[seq] = []
+        return seq
+
+    def fork(self, seq):
+        child = self.engine.fork(seq)
+        self.records[child] = list(self.records[seq])
+        return child
+
+    def generate(self, seqs, budgets, params=SamplingParams()):
+        starts = [len(self.engine.token_ids(s)) for s in seqs]
+        segments = self.engine.generate(seqs, params, budgets)
+        for seq, start, seg in zip(seqs, starts, segments):
+            for k, tok in enumerate(seg.token_ids):
+                self.records[seq].append((start + k, tok, seg.logprobs[k], seg.entropies[k], seg.top10_entropies[k]))
+        return segments
+
+    def max_error(self, model, seq) -> float:
+        """Largest |engine − full forward| over log-probs, entropies and top-10 proxies of ``seq``."""
+        ids = self.engine.token_ids(seq)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        logp = torch.log_softmax(logits, -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        top = logp.topk(10, -1).values
+        top10 = -(top.exp() * top).sum(-1)
+        worst = 0.0
+        for pos, tok, lp, ent, t10 in self.records[seq]:
+            assert ids[pos] == tok
+            worst = max(worst, abs(logp[pos - 1, tok].item() - lp), abs(entropy[pos - 1].item() - ent),
+                        abs(top10[pos - 1].item() - t10))
+        return worst
+
+
+def encode(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_satisfies_protocol(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    assert isinstance(engine, GenerationEngine)
+    assert engine.vocab_size == len(tiny_tokenizer)
+
+
+def test_multi_round_forked_batch_matches_full_forward(tiny_model, tiny_tokenizer):
+    """Appends, forks before/after generation and after an append, ragged batch: exact within 1e-4."""
+    tok = tiny_tokenizer
+    rec = Recorder(HFEngine(tiny_model, tok, seed=3))
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    a = rec.add(encode(tok, "<think>I need to find who founded Velmora.</think>"))
+    b = rec.add(encode(tok, "The quick"))
+    a_early = rec.fork(a)  # fork of a prompt never run: prefilled once for both
+    rec.generate([a, b, a_early], [7, 12, 4], params)
+    rec.engine.append(a, encode(tok, " <result>\nPage 1: Velmora was founded in 1874.\n</result>"))
+    c = rec.fork(a)  # fork right after a tool result (§1.5)
+    b_mid = rec.fork(b)  # fork with no append: shares b's last generated token
+    rec.generate([c, b, a, b_mid], [5, 3, 9, 6], params)
+    rec.engine.append(c, encode(tok, " <result>\n150\n</result>"))
+    rec.engine.append(a_early, encode(tok, " <python>print(1)</python>"))
+    d = rec.fork(c)
+    rec.generate([d, a_early, c], [8, 5, 2], params)
+    rec.generate([b, d], [4, 4], params)
+    for seq in (a, b, c, d, a_early, b_mid):
+        assert len(rec.records[seq]) > 0
+        assert rec.max_error(tiny_model, seq) < 1e-4
+
+
+def test_greedy_is_argmax_and_matches_model_generate(tiny_model, tiny_tokenizer):
+    tok = tiny_tokenizer
+    prompts = [encode(tok, "<search>Velmora founder</search> <result>"), encode(tok, "The lazy")]
+    engine = HFEngine(tiny_model, tok)
+    segments = engine.generate([engine.add_sequence(p) for p in prompts], SamplingParams(greedy=True), [10, 10])
+    for prompt, seg in zip(prompts, segments):
+        reference = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
+                                        eos_token_id=None, pad_token_id=tok.pad_token_id)
+        assert seg.token_ids == reference[0, len(prompt):].tolist()
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([prompt + seg.token_ids])).logits[0]
+        assert seg.token_ids == logits[len(prompt) - 1:-1].argmax(-1).tolist()
+
+
+def test_seeded_runs_reproduce(tiny_model, tiny_tokenizer):
+    prompt = encode(tiny_tokenizer, "<think>")
+
+    def run(seed):
+        engine = HFEngine(tiny_model, tiny_tokenizer, seed=seed)
+        seqs = [engine.add_sequence(prompt) for _ in range(3)]
+        first = engine.generate(seqs, SamplingParams(), [12, 12, 12])
+        engine.append(seqs[0], encode(tiny_tokenizer, " <result>\nx\n</result>"))
+        second = engine.generate([seqs[0], engine.fork(seqs[0])], SamplingParams(top_k=20), [12, 12])
+        return [s.token_ids for s in first + second]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def _greedy_tokens(model, tok, prompt, n):
+    engine = HFEngine(model, tok)
+    return engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [n])[0].token_ids
+
+
+def test_stop_on_single_token_string_by_id(tiny_model, tiny_tokenizer):
+    prompt = encode(tiny_tokenizer, "<result>")
+    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 12)
+    k = next(i for i, t in enumerate(free) if len(encode(tiny_tokenizer, tiny_tokenizer.decode([t]))) == 1)
+    stop = tiny_tokenizer.decode([free[k]])
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    seg = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True, stop=(stop,)), [12])[0]
+    first = next(i for i, t in enumerate(free) if t == free[k])
+    assert seg.token_ids == free[:first + 1]
+    assert (seg.finish_reason, seg.stop_string) == ("stop", stop)
+
+
+def test_stop_on_string_spelled_over_tokens(tiny_model, tiny_tokenizer):
+    prompt = encode(tiny_tokenizer, "The quick")
+    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 12)
+    stop = tiny_tokenizer.decode(free[3:5])
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    seg = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True, stop=(stop, "never")), [12])[0]
+    first_end = next(i for i in range(len(free)) if stop in tiny_tokenizer.decode(free[:i + 1]))
+    assert first_end <= 4
+    assert seg.token_ids == free[:first_end + 1]
+    assert (seg.finish_reason, seg.stop_string) == ("stop", stop)
+
+
+def test_eos_and_per_sequence_budget(tiny_model, tiny_tokenizer):
+    prompt = encode(tiny_tokenizer, "Velmora")
+    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 10)
+    saved = tiny_model.generation_config.eos_token_id
+    tiny_model.generation_config.eos_token_id = [free[4]]
+    try:
+        engine = HFEngine(tiny_model, tiny_tokenizer)
+    finally:
+        tiny_model.generation_config.eos_token_id = saved
+    first = free.index(free[4])
+    seqs = [engine.add_sequence(prompt) for _ in range(3)]
+    segs = engine.generate(seqs, SamplingParams(greedy=True), [10, 2, 0])
+    assert segs[0].token_ids == free[:first + 1] and segs[0].finish_reason == "eos"
+    assert segs[1].token_ids == free[:2] and segs[1].finish_reason == "length"
+    assert segs[2].token_ids == [] and segs[2].finish_reason == "length"
+    assert engine.stats()["decode_tokens"] == first + 1 + 2
+
+
+def test_prefill_counts_each_unique_context_token_once(tiny_model, tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = HFEngine(tiny_model, tok, seed=1)
+    prompt, tool_1, tool_2 = encode(tok, "<think>Who"), encode(tok, " <result>\n150\n</result>"), encode(tok, " <result>x")
+    root = engine.add_sequence(prompt)
+    twins = [root, engine.fork(root), engine.fork(root)]  # three global samples, one prompt prefill
+    engine.generate(twins, SamplingParams(), [6, 6, 6])
+    engine.append(twins[0], tool_1)
+    child = engine.fork(twins[0])
+    grandchild = engine.fork(child)
+    engine.generate([twins[0], child, twins[2]], SamplingParams(), [4, 4, 4])
+    engine.append(child, tool_2)
+    engine.generate([child, grandchild], SamplingParams(), [3, 3])
+    assert engine.stats()["prefill_tokens"] == len(prompt) + len(tool_1) + len(tool_2)
+
+
+def test_bf16_generation_tracks_full_forward(tiny_tokenizer):
+    from conftest import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, dtype=torch.bfloat16)
+    rec = Recorder(HFEngine(model, tiny_tokenizer, seed=0))
+    a = rec.add(encode(tiny_tokenizer, "<think>I need"))
+    b = rec.add(encode(tiny_tokenizer, "The quick brown fox"))
+    rec.generate([a, b], [8, 8])
+    rec.engine.append(a, encode(tiny_tokenizer, " <result>\nx\n</result>"))
+    c = rec.fork(a)
+    rec.generate([a, c], [6, 6])
+    for seq in (a, b, c):
+        assert all(math.isfinite(r[2]) for r in rec.records[seq])
+        assert rec.max_error(model, seq) < 0.05
+
+
+def test_model_mode_is_restored(tiny_tokenizer):
+    from conftest import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer).train()
+    engine = HFEngine(model, tiny_tokenizer)
+    engine.generate([engine.add_sequence([5, 6])], SamplingParams(), [3])
+    assert model.training
+
+
+def test_token_statistics_by_hand():
+    probs = torch.tensor([0.3, 0.2, 0.1] + [0.04] * 10)
+    logprobs, entropy, top10 = token_statistics(probs.log()[None])
+    assert torch.allclose(logprobs.exp()[0], probs, atol=1e-6)
+    full = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 10 * 0.04 * math.log(0.04))
+    proxy = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 7 * 0.04 * math.log(0.04))
+    assert entropy.item() == pytest.approx(full, abs=1e-5)
+    assert top10.item() == pytest.approx(proxy, abs=1e-5)
+
+
+def test_top_k_top_p_and_temperature_filters():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).log_softmax(-1).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample_tokens(logits, SamplingParams(top_k=2), g).tolist()) == {0, 1}
+    p = logits[0].exp()
+    nucleus = SamplingParams(top_p=float(p[0] + p[1]) - 1e-3)  # needs the top two tokens
+    assert set(sample_tokens(logits, nucleus, g).tolist()) == {0, 1}
+    assert set(sample_tokens(logits, SamplingParams(top_p=float(p[0]) * 0.9), g).tolist()) == {0}
+    assert sample_tokens(logits, SamplingParams(temperature=0.0), g).unique().tolist() == [0]
+    cold = sample_tokens(logits, SamplingParams(temperature=0.25), g)
+    assert (cold == 0).float().mean() > (sample_tokens(logits, SamplingParams(), g) == 0).float().mean()
+
+
+def test_bad_inputs_are_named(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    seq = engine.add_sequence([5])
+    with pytest.raises(KeyError, match="unknown or released sequence id 99"):
+        engine.generate([99], SamplingParams(), [3])
+    with pytest.raises(ValueError, match="duplicate"):
+        engine.generate([seq, seq], SamplingParams(), [3, 3])
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate([seq], SamplingParams(top_p=0.0), [3])
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_sequence([])
+    engine.release(seq)
+    with pytest.raises(KeyError):
+        engine.fork(seq)

@@ -1,0 +1,143 @@
+"""Models: tiny build (deterministic, cached), save round trip, prompt encoding, LoRA, SmolLM2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from aepo_rl import models
+from aepo_rl.config import load_config
+from aepo_rl.models import TOOL_TAGS, apply_lora, encode_prompt, load_policy, save_policy
+
+TEXTS = ["Velmora was founded in 1874 by Ada Korrin. <search>Velmora founder</search>",
+         " <result>\nPage 1: Velmora\n</result> <python>print(2024 - 1874)</python> <answer>\\boxed{150}</answer>",
+         ] + [f"city number {i} lies on the river Ostra near the hills of Kamet" for i in range(40)]
+
+TINY = {"model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
+        "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
+        "model.tiny_vocab_size": 400, "model.tiny_max_positions": 256}
+
+
+class TextTask:
+    def texts(self):
+        return TEXTS
+
+
+def tiny_cfg(cache_dir, **extra):
+    return load_config(overrides={**TINY, "model.cache_dir": str(cache_dir), **extra})
+
+
+def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):
+    model_a, tok_a = load_policy(tiny_cfg(tmp_path / "a"), TextTask())
+    model_b, tok_b = load_policy(tiny_cfg(tmp_path / "b"), TextTask())
+    assert tok_a.get_vocab() == tok_b.get_vocab()
+    for (name, p), q in zip(model_a.state_dict().items(), model_b.state_dict().values()):
+        assert torch.equal(p, q), name
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the cached tiny model was rebuilt")
+
+    monkeypatch.setattr(models, "train_tiny_tokenizer", no_rebuild)
+    model_c, _ = load_policy(tiny_cfg(tmp_path / "a"), TextTask())
+    assert torch.equal(model_c.lm_head.weight, model_a.lm_head.weight)
+    assert not list((tmp_path / "a" / "tiny").glob(".*tmp*")), "the atomic write left a temp dir behind"
+
+
+def test_cache_key_changes_with_config_and_text(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    key = models.tiny_cache_key(cfg.model, TEXTS, seed=0)
+    assert models.tiny_cache_key(cfg.model, TEXTS + ["more"], seed=0) != key
+    assert models.tiny_cache_key(cfg.model, TEXTS, seed=1) != key
+    cfg.model.tiny_hidden_size = 48
+    assert models.tiny_cache_key(cfg.model, TEXTS, seed=0) != key
+
+
+def test_tiny_tokenizer_has_tags_chatml_and_sizes(tmp_path):
+    model, tok = load_policy(tiny_cfg(tmp_path), TextTask())
+    for tag in TOOL_TAGS:
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1, tag
+    assert tok.tokenize("<search>Velmora</search>")[0] == "<search>"
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert model.config.eos_token_id == tok.eos_token_id
+    assert model.config.vocab_size == len(tok) == model.get_input_embeddings().weight.shape[0]
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+
+
+def test_save_round_trip_gives_identical_logits(tmp_path):
+    model, tok = load_policy(tiny_cfg(tmp_path / "cache"), TextTask())
+    out = save_policy(model, tok, tmp_path / "ckpt")
+    save_policy(model, tok, out)  # overwriting an existing checkpoint is atomic too
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    reloaded_tok = AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([encode_prompt(tok, [{"role": "user", "content": "Velmora founder?"}])])
+    assert encode_prompt(reloaded_tok, [{"role": "user", "content": "Velmora founder?"}]) == ids[0].tolist()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reloaded(ids).logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "ckpt"]
+
+
+def test_encode_prompt_uses_chat_template_with_generation_prompt(tiny_tokenizer):
+    messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Who?"}]
+    text = "<|im_start|>system\nUse tools.<|im_end|>\n<|im_start|>user\nWho?<|im_end|>\n<|im_start|>assistant\n"
+    ids = encode_prompt(tiny_tokenizer, messages)
+    assert ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert all(isinstance(i, int) for i in ids)
+
+
+def test_encode_prompt_plain_fallback_without_template(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = None
+    ids = encode_prompt(tok, [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])
+    assert tok.decode(ids) == "System: S\n\nUser: Q\n\nAssistant:"
+
+
+def test_load_policy_errors_name_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="pass the task"):
+        load_policy(tiny_cfg(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_policy(tiny_cfg(tmp_path, **{"model.path": str(tmp_path)}))
+
+
+def test_lora_trains_only_adapter_weights_and_saves_merged(tmp_path, tiny_model, tiny_tokenizer):
+    import copy
+
+    cfg = tiny_cfg(tmp_path, **{"model.lora_rank": 4})
+    assert apply_lora(tiny_model, load_config().model) is tiny_model  # rank 0: unchanged
+    model = apply_lora(copy.deepcopy(tiny_model), cfg.model)
+    assert apply_lora(model, cfg.model) is model  # idempotent
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(trainable, lr=1e-2)
+    ids = torch.tensor([tiny_tokenizer("<search>Velmora founder</search>")["input_ids"]])
+    model.train()
+    for _ in range(3):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optim.step()
+        optim.zero_grad()
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all("lora_" in k for k in changed)
+    assert {k for k in before if "lora_B" in k} <= changed  # B starts at 0 and must move
+    model.eval()
+    out = save_policy(model, tiny_tokenizer, tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+    assert any("lora_" in k for k in model.state_dict())  # the live model keeps its adapters
+
+
+@pytest.mark.slow
+def test_smollm2_loads_with_tool_tags_and_saves(tmp_path):
+    cfg = load_config(overrides={"model.path": "smollm2", "model.cache_dir": str(tmp_path)})
+    model, tok = load_policy(cfg)
+    for tag in TOOL_TAGS:
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1, tag
+    assert model.get_input_embeddings().weight.shape[0] == len(tok)
+    ids = encode_prompt(tok, [{"role": "user", "content": "What is the capital of France?"}])
+    out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    assert "Paris" in tok.decode(out[0, len(ids):])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct")
+    with torch.no_grad():
+        assert torch.equal(reloaded(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits)

@@ -1,0 +1,115 @@
+"""Plots and final-value table from fake run folders."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import pytest
+
+from aepo_rl.report import MetricsError, plot_runs, read_metrics, report_main, series
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root, name, records, extra_lines=()):
+    run = root / name
+    run.mkdir(parents=True)
+    lines = [json.dumps(r) for r in records] + list(extra_lines)
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def full_record(step, scale=1.0):
+    return {"step": step, "critic/score/mean": 0.1 * step * scale, "actor/entropy": 1.0 - 0.05 * step,
+            "actor/pg_clipfrac": 0.01 * step, "actor/pg_clipfrac_lower": 0.002 * step,
+            "rollout/branches_per_prompt": 2.0 + step, "rollout/largest_subtree_share": 0.5,
+            "tool_call_counts/mean": 1.5, "response_length/mean": 100.0 + step}
+
+
+def assert_valid_png(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    height, width, channels = matplotlib.image.imread(path).shape
+    assert height > 100 and width > 100 and channels in (3, 4)
+
+
+def test_plot_runs_overlays_runs_and_skips_missing_panels(tmp_path, capsys):
+    a = write_run(tmp_path, "aepo", [full_record(s) for s in range(1, 4)]
+                  + [{"step": 3, "eval/synthetic/test/pass@1": 0.4}])
+    b = write_run(tmp_path, "grpo", [{"step": s, "critic/score/mean": 0.05 * s, "actor/entropy": 1.1} for s in range(1, 5)])
+    written = plot_runs([a, b], tmp_path / "plots")
+    names = sorted(p.name for p in written)
+    assert names == sorted(["reward.png", "pass_at_1.png", "entropy.png", "clip_fraction.png", "branching.png",
+                            "tool_calls.png", "response_length.png"])
+    for path in written:
+        assert_valid_png(path)
+    assert "skipped" not in capsys.readouterr().out
+
+    written = plot_runs([b], tmp_path / "plots_b")
+    assert sorted(p.name for p in written) == ["entropy.png", "reward.png"]
+    out = capsys.readouterr().out
+    assert "skipped pass_at_1.png: no run logged eval/*/pass@1" in out
+    assert "skipped clip_fraction.png: no run logged actor/pg_clipfrac or actor/pg_clipfrac_lower" in out
+
+
+def test_read_metrics_sorts_merges_and_keeps_the_last_record_of_a_step(tmp_path):
+    run = write_run(tmp_path, "r", [{"step": 2, "x": 2.0}, {"step": 1, "x": 1.0}, {"step": 2, "x": 5.0, "y": 1.0}],
+                    extra_lines=["", "   "])
+    records = read_metrics(run)
+    assert records == [{"step": 1, "x": 1.0}, {"step": 2, "x": 5.0, "y": 1.0}]
+    assert series(records, "x") == {"x": ([1, 2], [1.0, 5.0])}
+
+
+def test_series_matches_patterns_and_drops_non_numbers():
+    records = [{"step": 1, "eval/a/test/pass@1": 0.5, "eval/b/dev/pass@1": 0.25, "eval/a/test/pass@k": 0.9},
+               {"step": 2, "eval/a/test/pass@1": float("nan"), "eval/b/dev/pass@1": None},
+               {"step": 3, "eval/a/test/pass@1": True, "eval/b/dev/pass@1": 0.5}]
+    assert series(records, "eval/*/pass@1") == {"eval/a/test/pass@1": ([1], [0.5]),
+                                               "eval/b/dev/pass@1": ([1, 3], [0.25, 0.5])}
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"step": 3, "x": ', r"metrics\.jsonl:3: not valid JSON"),
+    ("[1, 2]", r"metrics\.jsonl:3: expected a JSON object, got list"),
+    ('{"x": 1.0}', r"metrics\.jsonl:3: missing integer 'step' field \(got None\)"),
+    ('{"step": "4"}', r"metrics\.jsonl:3: missing integer 'step' field \(got '4'\)"),
+])
+def test_malformed_metrics_line_names_file_and_line(tmp_path, bad_line, message):
+    run = write_run(tmp_path, "bad", [{"step": 1}, {"step": 2}], extra_lines=[bad_line])
+    with pytest.raises(MetricsError, match=message) as info:
+        read_metrics(run)
+    assert str(run / "metrics.jsonl") in str(info.value)
+
+
+def test_missing_run_folder_and_missing_metrics_file(tmp_path):
+    with pytest.raises(MetricsError, match=f"run folder {tmp_path / 'nope'} does not exist"):
+        read_metrics(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MetricsError, match=r"empty/metrics\.jsonl does not exist"):
+        read_metrics(tmp_path / "empty")
+
+
+def test_report_main_prints_final_values_and_writes_plots(tmp_path, capsys):
+    a = write_run(tmp_path, "aepo", [full_record(s) for s in range(1, 4)])
+    b = write_run(tmp_path, "arpo", [full_record(s, scale=2.0) for s in range(1, 3)])
+    assert report_main([str(a), str(b)]) == 0
+    assert_valid_png(a / "plots" / "reward.png")
+    out = capsys.readouterr().out
+    assert "final values" in out and "critic/score/mean" in out
+    cells = [[c.strip() for c in line.replace("┃", "│").split("│")[1:-1]] for line in out.splitlines()
+             if line.replace("┃", "│").count("│") == 4]
+    rows = {c[0]: c[1:] for c in cells}
+    assert rows["metric"] == ["aepo", "arpo"]
+    assert rows["last step"] == ["3", "2"]
+    assert rows["critic/score/mean"] == ["0.3", "0.4"]
+    assert rows["actor/entropy"] == ["0.85", "0.9"]
+    assert rows["response_length/mean"] == ["103", "102"]
+    assert rows["rollout/branches_per_prompt"] == ["5", "4"]
+
+
+def test_report_main_reports_errors_naming_the_file(tmp_path, capsys):
+    run = write_run(tmp_path, "bad", [{"step": 1}], extra_lines=["not json"])
+    assert report_main([str(run)], out_dir=str(tmp_path / "p")) == 2
+    assert f"aepo report: error: {run / 'metrics.jsonl'}:2: not valid JSON" in capsys.readouterr().out
+    assert report_main([str(tmp_path / "missing")]) == 2
+    assert f"run folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().out

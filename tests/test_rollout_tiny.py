@@ -1,0 +1,139 @@
+"""Tree rollouts on a real (tiny, random) Qwen3 through the HF engine: invariants of §1.1/§1.5.
+
+The random model is steered into the tool protocol by a logit bias that depends only on the
+input token (a subclass of the model, so the engine sees an ordinary causal LM): after
+``</think>`` or ``</result>`` it opens ``<search>`` (or, less often, ``<answer>``); right after an
+opening tag it may not close it; elsewhere the closing tags get a moderate boost. Everything
+else is the random model's own sampling, so trajectories differ in length, calls and endings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from transformers import Qwen3ForCausalLM
+
+from aepo_rl.config import RolloutConfig
+from aepo_rl.engines.hf import HFEngine
+from aepo_rl.rollout.tree import run_rollout
+
+
+class SteeredQwen3(Qwen3ForCausalLM):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, logits_to_keep=0, **kwargs):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                              logits_to_keep=logits_to_keep, **kwargs)
+        k = out.logits.shape[1]
+        out.logits = out.logits + self.steering[input_ids[:, -k:]]
+        return out
+
+
+def steer(model, tok) -> SteeredQwen3:
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<search>", "</search>", "<answer>", "</answer>",
+                                                      "</think>", "</result>", "<result>")}
+    vocab = model.config.vocab_size
+    tags = [tok.convert_tokens_to_ids(t) for t in tok.get_added_vocab()] + [tok.eos_token_id]
+    bias = torch.zeros(vocab, vocab)
+    bias[:, ids["</search>"]] = 2.5
+    bias[:, ids["</answer>"]] = 1.0
+    bias[:, ids["<result>"]] = -1e4                     # the model never writes results
+    for opener in ("</think>", "</result>"):
+        bias[ids[opener]] = -1e4
+        bias[ids[opener], ids["<search>"]] = 30.0
+        bias[ids[opener], ids["<answer>"]] = 28.6       # ≈ 20 % answers straight away
+    for opened in ("<search>", "<answer>"):
+        bias[ids[opened], tags] = -1e4                  # a body comes first
+    steered = SteeredQwen3(model.config)
+    steered.load_state_dict(model.state_dict())
+    steered.register_buffer("steering", bias, persistent=False)
+    return steered.eval()
+
+
+@dataclass
+class EchoSearch:
+    name: str = "search"
+    tag: str = "search"
+    description: str = "returns its query"
+    calls: list[str] = field(default_factory=list)
+
+    def run(self, arg):
+        self.calls.append(arg)
+        return f"found {arg}"
+
+
+@pytest.fixture(scope="module")
+def steered(tiny_model, tiny_tokenizer):
+    return steer(tiny_model, tiny_tokenizer)
+
+
+def _prompts(tok, k):
+    out = []
+    for i in range(k):
+        ids = tok.apply_chat_template([{"role": "user", "content": f"who founded Velmora {i}?"}],
+                                      add_generation_prompt=True, tokenize=True)["input_ids"]
+        out.append((f"q{i}", list(ids) + [tok.convert_tokens_to_ids("<think>"), 60 + i,
+                                          tok.convert_tokens_to_ids("</think>")]))
+    return out
+
+
+CFG = dict(n=6, max_response_length=120, max_tokens_per_round=24, max_tool_response_tokens=6, call_limit=3)
+
+
+@pytest.mark.parametrize("mode, segment, scope", [("aepo", "latest", "path"), ("aepo", "previous", "prompt_round"),
+                                                  ("arpo", "latest", "path"), ("independent", "latest", "path")])
+def test_real_rollout_invariants(steered, tiny_tokenizer, mode, segment, scope):
+    tok = tiny_tokenizer
+    cfg = RolloutConfig(mode=mode, entropy_segment=segment, penalty_scope=scope, **CFG)
+    result = run_rollout(HFEngine(steered, tok, seed=3), _prompts(tok, 3), {"search": EchoSearch()}, cfg, seed=5)
+    prefix = tok.encode(" <result>\n", add_special_tokens=False)
+    forks = calls = 0
+    for group in result.groups:
+        assert [t.traj_id for t in group] == list(range(6))
+        for t in group:
+            assert len(t.response_token_ids) <= 120 and t.num_tool_calls <= 3
+            assert t.finish_reason in ("answer", "eos", "length", "call_limit", "empty_call", "no_call")
+            assert t.response_text == tok.decode(t.response_token_ids, skip_special_tokens=False)
+            assert len(t.loss_mask) == len(t.logprobs) == len(t.entropies) == len(t.response_token_ids)
+            if t.parent_id is not None:
+                forks += 1
+                parent = group[t.parent_id]
+                assert t.response_token_ids[:t.fork_token_index] == parent.response_token_ids[:t.fork_token_index]
+            # mask 0 exactly on the result blocks: one block per call, each " <result>\n…\n</result>"
+            spans, start = [], None
+            for i, m in enumerate(t.loss_mask + [1]):
+                if m == 0 and start is None:
+                    start = i
+                elif m == 1 and start is not None:
+                    spans.append((start, i))
+                    start = None
+            assert len(spans) == t.num_tool_calls
+            calls += t.num_tool_calls
+            for (a, b), call, r in zip(spans, t.tool_calls, (r for r in t.rounds if r.tool_call)):
+                assert b == r.end and t.response_token_ids[a:a + len(prefix)] == prefix[:b - a]
+                block = tok.decode(t.response_token_ids[a:b], skip_special_tokens=False)
+                assert block.startswith(" <result>\n") and call.result == f"found {call.arg}"
+                assert block.endswith("\n</result>") or (b == len(t.response_token_ids) and t.finish_reason == "length")
+            assert all(lp < 0 for lp, m in zip(t.logprobs, t.loss_mask) if m == 1)
+            assert all(lp == 0 and e == 0 for lp, e, m in zip(t.logprobs, t.entropies, t.loss_mask) if m == 0)
+    assert calls > 0
+    assert (forks > 0) == (mode != "independent")
+
+
+def test_forked_logprobs_equal_a_plain_forward(steered, tiny_tokenizer):
+    """Token-in, token-out with KV reuse: a forked multi-round trajectory's log-probs equal one full forward."""
+    cfg = RolloutConfig(mode="arpo", **CFG)
+    result = run_rollout(HFEngine(steered, tiny_tokenizer, seed=1), _prompts(tiny_tokenizer, 2),
+                         {"search": EchoSearch()}, cfg, seed=2)
+    child = max((t for g in result.groups for t in g if t.parent_id is not None),
+                key=lambda t: (t.num_tool_calls, len(t.response_token_ids)))
+    assert child.num_tool_calls >= 2
+    ids = torch.tensor([child.prompt_token_ids + child.response_token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(steered(input_ids=ids).logits[0, :-1].float(), dim=-1)
+    p = len(child.prompt_token_ids)
+    expected = logp[p - 1:].gather(1, ids[0, p:, None])[:, 0]
+    mask = torch.tensor(child.loss_mask, dtype=torch.bool)
+    torch.testing.assert_close(torch.tensor(child.logprobs)[mask], expected[mask], atol=1e-4, rtol=0)

@@ -1,0 +1,182 @@
+"""The python sandbox, attacked for real: each hostile program must leave the host untouched
+and come back as clean text within seconds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from aepo_rl.tools import get_tool
+from aepo_rl.tools.python import ISOLATION_MODES
+
+
+def sandbox(**options):
+    defaults = {"timeout": 4.0, "memory_mb": 256, "max_processes": 16, "max_output_bytes": 4096}
+    return get_tool("python", **{**defaults, **options})
+
+
+@pytest.fixture(scope="module")
+def python_tool():
+    return sandbox()
+
+
+def drops_privileges(tool) -> bool:
+    return tool.isolation in ("namespaces", "nobody")
+
+
+def test_isolation_mode_is_reported(python_tool):
+    assert python_tool.isolation in ISOLATION_MODES
+    assert (python_tool.name, python_tool.tag) == ("python", "python")
+    if os.geteuid() == 0:  # root can always at least drop to an unprivileged user
+        assert drops_privileges(python_tool)
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("x = 6\nx * 7", "42"),
+    ("print('a')\n'b'", "a\nb"),
+    ("import math\nmath.factorial(5)", "120"),
+    ("print(1)", "1"),  # print returns None: nothing more is printed
+    ("x = 1", "(no output)"),
+    ("for i in range(3):\n    i", "(no output)"),  # only a final expression statement is printed
+    ("1990 - 1921", "69"),
+    ("import sys\nprint('err', file=sys.stderr)\n'out'", "err\nout"),
+])
+def test_normal_code_and_last_expression(python_tool, code, expected):
+    assert python_tool.run(code) == expected
+
+
+def test_errors_come_back_as_a_short_traceback(python_tool):
+    text = python_tool.run("x = 1\n1 / 0")
+    assert text.endswith("ZeroDivisionError: division by zero")
+    assert 'File "<python>", line 2' in text and "RUNNER" not in text and "<string>" not in text
+    assert "SyntaxError" in python_tool.run("def (")
+    assert python_tool.run("import sys; sys.exit(3)") == "(no output; exit status 3)"
+
+
+def test_fresh_empty_directory_removed_afterwards(python_tool):
+    text = python_tool.run("import os\nopen('note.txt', 'w').write('hi')\nprint(os.getcwd())\nsorted(os.listdir('.'))")
+    workdir, listing = text.splitlines()
+    assert listing == "['note.txt']"
+    assert not os.path.exists(workdir)
+    assert python_tool.run("import os; os.listdir('.')") == "[]"
+
+
+def test_minimal_environment(python_tool, monkeypatch):
+    monkeypatch.setenv("AEPO_TEST_SECRET", "hunter2")
+    names = set(eval(python_tool.run("import os; sorted(os.environ)")))
+    assert names <= {"HOME", "LANG", "LC_ALL", "PATH", "TMPDIR", "PWD", "OLDPWD"}
+    assert "hunter2" not in python_tool.run("import os; dict(os.environ)")
+
+
+def test_infinite_loop_times_out():
+    tool = sandbox(timeout=1.5, cpu_seconds=30)
+    start = time.monotonic()
+    assert tool.run("while True:\n    pass") == "Error: timed out after 1.5 s; the process group was killed."
+    assert time.monotonic() - start < 5
+    assert tool.stats["timeouts"] == 1 and tool.stats["errors"] == 1
+
+
+def test_cpu_seconds_limit():
+    tool = sandbox(timeout=20, cpu_seconds=1)
+    start = time.monotonic()
+    assert tool.run("while True:\n    pass") == "Error: CPU time limit of 1 s exceeded."
+    assert time.monotonic() - start < 15
+
+
+def test_memory_bomb(python_tool):
+    assert python_tool.run("x = bytearray(8 * 1024 ** 3)").endswith("MemoryError")
+    assert python_tool.run("chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))").endswith("MemoryError")
+
+
+def test_fork_bomb_is_contained_and_cleaned_up():
+    tool = sandbox(timeout=3)
+    marker = f"bomb{uuid.uuid4().hex[:8]}"
+    code = (f"import ctypes, os\nctypes.CDLL(None).prctl(15, b'{marker}', 0, 0, 0)\n"
+            "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    start = time.monotonic()
+    text = tool.run(code)
+    assert text == "Error: timed out after 3 s; the process group was killed."
+    assert time.monotonic() - start < 8
+    time.sleep(0.2)
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _comm(pid) == marker]
+    assert tool.run("6 * 7") == "42"
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def test_hundred_megabytes_of_output_is_capped(python_tool):
+    start = time.monotonic()
+    text = python_tool.run("import sys\nfor _ in range(1600):\n    sys.stdout.write('x' * 65536)")
+    assert text == "x" * 4096 + "\n[output truncated at 4096 bytes; the process was stopped]"
+    assert time.monotonic() - start < 5
+
+
+def test_network_is_unreachable(python_tool):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    text = python_tool.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+    assert text.splitlines()[-1].split(":")[0] in {"ConnectionRefusedError", "OSError", "PermissionError"}
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nothing reached the host
+    listener.close()
+    assert python_tool.run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)").startswith("Traceback")
+
+
+def test_python_level_network_block_fallback():
+    tool = sandbox(isolation="none")
+    text = tool.run("import socket\nsocket.socket()")
+    assert text.endswith("PermissionError: network access is disabled in the sandbox")
+
+
+def test_writing_outside_its_directory_fails(python_tool, tmp_path):
+    if not drops_privileges(python_tool):
+        pytest.skip(f"isolation '{python_tool.isolation}' keeps the host user's file permissions")
+    os.chmod(tmp_path, 0o755)
+    for target in ["/etc/aepo_sandbox_probe", str(tmp_path / "escaped.txt"), os.path.join(os.getcwd(), "escaped.txt")]:
+        text = python_tool.run(f"open({target!r}, 'w').write('x')")
+        assert text.endswith(f"PermissionError: [Errno 13] Permission denied: {target!r}")
+        assert not os.path.exists(target)
+
+
+def test_killing_the_parent_or_host_leaves_the_host_running(python_tool):
+    for code in ["import os\nos.kill(os.getppid(), 9)", f"import os\nos.kill({os.getpid()}, 9)",
+                 "import os, signal\nos.killpg(0, signal.SIGKILL)"]:
+        text = python_tool.run(code)
+        assert isinstance(text, str) and text
+    assert python_tool.run("6 * 7") == "42"  # and pytest (this process) is still alive
+
+
+def test_file_size_limit():
+    tool = sandbox(max_file_mb=1)
+    assert tool.run("open('big', 'wb').write(b'x' * (2 << 20))").endswith("OSError: [Errno 27] File too large")
+
+
+def test_huge_or_binary_code_answers_with_error_text(python_tool):
+    for bad in ["x = 1\n" * 200_000, "print(1)\x00", "print('\udcff')", b"print(1)"]:
+        assert python_tool.run(bad).startswith("Error:")
+
+
+def test_pool_bounds_concurrency():
+    tool = sandbox(pool_size=2)
+    start = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(tool.run, ["import time\ntime.sleep(0.6)\n'done'"] * 4))
+    assert results == ["done"] * 4
+    assert tool.stats["peak_concurrency"] == 2
+    assert time.monotonic() - start >= 1.2  # two waves of 0.6 s
+    assert threading.active_count() < 50

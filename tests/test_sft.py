@@ -1,0 +1,136 @@
+"""Cold-start SFT: loss masks, the masked loss, the schedule, and that training learns."""
+
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aepo_rl.config import load_config
+from aepo_rl.models import encode_prompt
+from aepo_rl.tasks.base import Demonstration, Example
+from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy,
+                               tokenize_demonstration, warmup_cosine)
+
+PIECES = [("<think>find it</think> <search>Velmora founder</search>", True),
+          (" <result>\nPage 1: Velmora was founded by Ada Korrin.\n</result>", False),
+          (" <answer>\\boxed{Ada Korrin}</answer>", True)]
+
+
+def demo(question: str = "Who founded Velmora?", pieces=PIECES) -> Demonstration:
+    messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": question}]
+    example = Example(id="q0", question=question, answers=["Ada Korrin"], data_source="synthetic", messages=messages)
+    return Demonstration(example=example, pieces=list(pieces))
+
+
+def test_prompt_and_tool_result_tokens_have_mask_zero(tiny_tokenizer):
+    d = demo()
+    sample = tokenize_demonstration(tiny_tokenizer, d, max_length=512)
+    prompt = encode_prompt(tiny_tokenizer, d.example.messages)
+    pieces = [tiny_tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in PIECES]
+    assert sample.input_ids == prompt + pieces[0] + pieces[1] + pieces[2] + [tiny_tokenizer.eos_token_id]
+    assert sample.loss_mask == [0] * len(prompt) + [1] * len(pieces[0]) + [0] * len(pieces[1]) + [1] * len(pieces[2]) + [1]
+    masked_text = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 0])
+    assert "Page 1" in masked_text and "<result>" in masked_text and "Velmora founder" not in masked_text
+    assert tiny_tokenizer.decode(sample.input_ids[-1:]) == "<|im_end|>" and sample.loss_mask[-1] == 1
+    short = tokenize_demonstration(tiny_tokenizer, d, max_length=10)
+    assert short.input_ids == sample.input_ids[:10] and short.loss_mask == [0] * 10
+
+
+def test_collate_right_pads():
+    batch = collate([SFTSample([5, 6, 7], [0, 1, 1]), SFTSample([8], [1])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_masked_loss_counts_only_trained_targets():
+    vocab = 4
+    logits = torch.tensor([[[2.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 3.0, 0.0]]])
+    model = lambda input_ids, attention_mask: SimpleNamespace(logits=logits)  # noqa: E731
+    batch = {"input_ids": torch.tensor([[0, 1, 3]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+             "loss_mask": torch.tensor([[0.0, 1.0, 0.0]])}
+    loss, hits, count = masked_lm_loss(model, batch, bf16=False)
+    # only target 1 (predicted from position 0, logits [2,0,0,0]) is trained: -log softmax[1]
+    expected = -F.log_softmax(logits[0, 0], -1)[1]
+    assert count.item() == 1 and hits.item() == 0
+    assert loss.item() == pytest.approx(expected.item()) and vocab == logits.shape[-1]
+    assert loss.item() == pytest.approx(2.0 + math.log(1 + 3 * math.exp(-2.0)))
+
+
+def test_warmup_cosine_values_by_hand():
+    f = warmup_cosine(total_steps=10, warmup_ratio=0.2)  # W = 2 warm-up steps, 8 cosine steps
+    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
+    assert f(4) == pytest.approx(0.5 * (1 + math.cos(math.pi * 2 / 8)))
+    assert f(6) == pytest.approx(0.5)
+    assert f(10) == pytest.approx(0.0)
+    assert warmup_cosine(4, 0.0)(0) == 1.0
+
+
+class Oracle(torch.nn.Module):
+    """Predicts the next token perfectly, except at the positions listed in ``wrong``."""
+
+    def __init__(self, vocab: int, wrong: tuple[int, ...] = ()):
+        super().__init__()
+        self.vocab, self.wrong = vocab, wrong
+
+    def forward(self, input_ids, attention_mask):
+        nxt = torch.roll(input_ids, -1, dims=1)
+        for pos in self.wrong:
+            nxt[:, pos] = (nxt[:, pos] + 1) % self.vocab
+        return SimpleNamespace(logits=F.one_hot(nxt, self.vocab).float())
+
+
+def test_answer_accuracy_checks_only_the_answer_span(tiny_tokenizer):
+    sample = tokenize_demonstration(tiny_tokenizer, demo(), 512)
+    ids, vocab = sample.input_ids, len(tiny_tokenizer)
+    open_at = ids.index(tiny_tokenizer.convert_tokens_to_ids("<answer>"))
+    close_at = ids.index(tiny_tokenizer.convert_tokens_to_ids("</answer>"))
+    n_trained = sum(sample.loss_mask[1:])
+
+    def acc(wrong):
+        return token_accuracy(Oracle(vocab, wrong), [sample], tiny_tokenizer, batch_size=2, bf16=False)
+
+    assert acc(()) == {"token_accuracy": 1.0, "answer_accuracy": 1.0}
+    # predicting </answer> (the target at close_at, predicted from close_at - 1) wrong fails the answer
+    assert acc((close_at - 1,)) == {"token_accuracy": (n_trained - 1) / n_trained, "answer_accuracy": 0.0}
+    # the <answer> tag itself and the EOS after </answer> are outside the span
+    assert acc((open_at - 1,))["answer_accuracy"] == 1.0
+    assert acc((close_at,))["answer_accuracy"] == 1.0
+
+
+def sft_cfg(**extra):
+    return load_config(overrides={"sft.epochs": 15, "sft.batch_size": 4, "sft.lr": 3e-3, "sft.warmup_ratio": 0.1,
+                                  **extra})
+
+
+def test_sft_steps_reduce_the_loss_and_follow_the_schedule(tiny_model, tiny_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    demos = [demo(f"Who founded Velmora {i}?") for i in range(8)]
+    batch = collate([tokenize_demonstration(tiny_tokenizer, d, 512) for d in demos], tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = masked_lm_loss(model, batch, bf16=False)[0].item()
+    cfg = sft_cfg()
+    metrics = run_sft(cfg, model, tiny_tokenizer, demos, dev_demos=demos[:2])
+    with torch.no_grad():
+        after = masked_lm_loss(model, batch, bf16=False)[0].item()
+    assert after < 0.5 * before
+    assert metrics["steps"] == 30 and len(metrics["loss_curve"]) == 30
+    schedule = warmup_cosine(30, 0.1)
+    assert metrics["lr_curve"] == pytest.approx([3e-3 * schedule(s) for s in range(30)])
+    assert metrics["dev/token_accuracy"] > 0.5 and metrics["tokens_per_s"] > 0
+    assert not model.training
+
+
+def test_sft_with_lora_leaves_a_plain_model_with_only_targets_changed(tiny_model, tiny_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run_sft(sft_cfg(**{"model.lora_rank": 4, "sft.epochs": 2}), model, tiny_tokenizer, [demo()] * 4)
+    after = model.state_dict()
+    assert set(after) == set(before)  # merged back: no lora_ / base_layer names
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in changed)

@@ -1,0 +1,159 @@
+"""The built-in synthetic task: determinism, disjoint splits, searchability, teacher demonstrations."""
+
+import itertools
+
+import pytest
+
+from aepo_rl.config import TaskConfig, load_config
+from aepo_rl.tasks import get_task
+from aepo_rl.tasks.common import SYSTEM_PROMPT
+from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask, build_world, make_questions
+from aepo_rl.tools import get_tool
+
+SMALL = dict(num_train=40, num_dev=24, num_test=24, num_demonstrations=40)
+
+
+def small_task(**overrides) -> SyntheticTask:
+    return SyntheticTask(TaskConfig(**{**SMALL, **overrides}))
+
+
+def response(demo) -> str:
+    return "".join(text for text, _ in demo.pieces)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return small_task(teacher_error_rate=0.0, max_hops=3, arithmetic_fraction=0.4)
+
+
+def test_world_is_deterministic_by_seed():
+    assert build_world(3).corpus == build_world(3).corpus
+    assert build_world(3).corpus != build_world(4).corpus
+    a, b = small_task(seed=5), small_task(seed=5)
+    for split in ("train", "dev", "test"):
+        assert [(e.question, e.answers) for e in a.examples(split)] == [(e.question, e.answers) for e in b.examples(split)]
+    assert small_task(seed=6).examples("test")[0].question != a.examples("test")[0].question
+
+
+def test_corpus_has_one_short_document_per_entity_titled_by_name():
+    world = build_world(0)
+    titles = [d["title"] for d in world.corpus]
+    assert len(titles) == len(set(titles)) == len(world.people) + len(world.orgs) + len(world.cities)
+    assert all(d.keys() == {"id", "title", "text"} and d["title"] in d["text"] for d in world.corpus)
+    assert max(len(d["text"].split()) for d in world.corpus) <= 25
+
+
+def _edit_distance(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def test_name_words_are_never_near_duplicates():
+    world = build_world(1, {"train": 24, "dev": 8, "test": 8})
+    words = {w for d in world.corpus for w in d["title"].split() if w not in ("Guild", "Bank", "Press", "Institute",
+                                                                               "Company", "Brewery", "Shipyard", "Theatre")}
+    assert len(words) > 100
+    assert min(_edit_distance(a.lower(), b.lower()) for a, b in itertools.combinations(sorted(words), 2)) >= 2
+
+
+def test_splits_share_no_entity(task):
+    entities = {split: {n for e in task.examples(split) for n in e.extra_info["entities"]}
+                for split in ("train", "dev", "test")}
+    assert all(entities.values())
+    for a, b in itertools.combinations(entities, 2):
+        assert not entities[a] & entities[b], (a, b)
+    for split, names in entities.items():
+        assert {task.world.split_of[n] for n in names} == {split}
+
+
+def test_questions_have_messages_and_unique_text(task):
+    examples = task.examples("test")
+    assert len(examples) == 24 and len({e.question for e in examples}) == 24
+    e = examples[0]
+    assert e.messages == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": e.question}]
+    assert e.data_source == "synthetic" and e.id == "synthetic-test-0"
+
+
+def test_difficulty_knobs():
+    world = build_world(0)
+    import random
+    one_hop = make_questions(world, "dev", 60, random.Random(0), max_hops=1, arithmetic_fraction=0.0)
+    assert {e.extra_info["hops"] for e in one_hop} == {1} and not any(e.extra_info["arithmetic"] for e in one_hop)
+    arithmetic = make_questions(world, "dev", 60, random.Random(0), max_hops=3, arithmetic_fraction=1.0)
+    assert all(e.extra_info["arithmetic"] for e in arithmetic)
+    deep = make_questions(world, "dev", 60, random.Random(0), max_hops=3, arithmetic_fraction=0.0)
+    assert {e.extra_info["hops"] for e in deep} == {1, 2, 3}
+
+
+def test_every_template_answer_follows_from_the_world():
+    world = build_world(0)
+    org = next(iter(world.orgs.values()))
+    founder = world.people[org.founder]
+    by_name = {t.name: t for t in TEMPLATES}
+    solution = by_name["founder_birthplace_population"].solve(world, [org.name])
+    assert solution.queries == [org.name, founder.name, founder.birthplace]
+    assert solution.answer == str(world.cities[founder.birthplace].population)
+    age = by_name["calc_founder_age"].solve(world, [org.name])
+    assert age.python == f"{org.founded} - {founder.born}" and age.answer == str(org.founded - founder.born)
+
+
+def test_search_finds_the_documents_the_teacher_queries_on_dev(task):
+    """recall@5 of the needed document for every hop query the teacher issues (issue 4: ≥ 0.95)."""
+    search = get_tool("search", corpus=task.world.corpus, topk=5)
+    by_name = {t.name: t for t in TEMPLATES}
+    hits = total = top1 = 0
+    for e in task.examples("dev"):
+        for query in by_name[e.extra_info["template"]].solve(task.world, e.extra_info["roots"]).queries:
+            pages = search.run(query).split("\n")
+            total += 1
+            hits += any(p.startswith(f"Page {i}: {query} — ") for i, p in enumerate(pages, 1))
+            top1 += pages[0].startswith(f"Page 1: {query} — ")
+    assert total >= 24 and hits / total >= 0.95 and top1 / total >= 0.9
+
+
+def test_teacher_demonstrations_without_errors_earn_full_reward(task):
+    demos = task.demonstrations()
+    assert len(demos) == 40 and not any(d.has_error for d in demos)
+    assert {d.example.extra_info["split"] for d in demos} == {"train"}
+    tools = task.tools()
+    for demo in demos:
+        text = response(demo)
+        both_tools = "</search>" in text and "</python>" in text
+        assert task.reward(demo.example, text) == pytest.approx(1.1 if both_tools else 1.0), text
+        assert task.correct(demo.example, text)
+        trained = [flag for _, flag in demo.pieces]
+        assert trained[-1] and trained == [i % 2 == 0 for i in range(len(trained))]
+        for (call, _), (result, _) in zip(demo.pieces[0::2], demo.pieces[1::2]):
+            tag = "search" if "<search>" in call else "python"
+            arg = call.strip()[len(tag) + 2:-(len(tag) + 3)]
+            assert result == f" <result>\n{tools[tag].run(arg)}\n</result>"  # what the rollout appends
+
+
+def test_teacher_error_rate_is_honoured():
+    task = small_task(teacher_error_rate=0.25, arithmetic_fraction=0.5)
+    demos = task.demonstrations()
+    flawed = [d for d in demos if d.has_error]
+    assert len(flawed) == 10
+    for demo in flawed:
+        assert not task.correct(demo.example, response(demo))
+        assert task.reward(demo.example, response(demo)) < 1.0
+    assert any(len(d.pieces) == 1 for d in flawed)  # a skipped search answers at once
+
+
+def test_texts_are_train_side_only(task):
+    text = "\n".join(task.texts())
+    assert SYSTEM_PROMPT in text
+    held_out = {n for split in ("dev", "test") for e in task.examples(split) for n in e.extra_info["roots"]}
+    assert not any(name in text for name in held_out)
+
+
+def test_get_task_builds_the_synthetic_task():
+    cfg = load_config(overrides={f"task.{k}": v for k, v in SMALL.items()})
+    task = get_task(cfg)
+    assert isinstance(task, SyntheticTask) and len(task.examples("train")) == 40
+    with pytest.raises(KeyError, match="splits"):
+        task.examples("validation")

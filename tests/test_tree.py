@@ -1,0 +1,427 @@
+"""Tree rollout controller (§1) driven by a scripted fake engine and fake tools."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from aepo_rl.config import RolloutConfig
+from aepo_rl.engines.base import SamplingParams, Segment
+from aepo_rl.rollout import tree
+from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
+from aepo_rl.rollout.metrics import subtree_roots
+from aepo_rl.rollout.tree import run_rollout
+
+
+@dataclass
+class FakeSeq:
+    prompt: tuple[int, ...]
+    ctx: list[int]
+    rounds: int = 0
+    """Segments generated along this lineage (a fork inherits its parent's count)."""
+
+
+@dataclass
+class FakeEngine:
+    """Scripted engine: ``script(seq) -> (text, entropy)`` gives each segment's text and token entropy.
+
+    A text ending with a stop string finishes "stop", one ending with the EOS token "eos",
+    anything else "length"; a text longer than max_new_tokens is cut ("length").
+    """
+
+    tokenizer: object
+    script: object
+    seqs: dict[int, FakeSeq] = field(default_factory=dict)
+    batches: list[list[int]] = field(default_factory=list)
+    params: list[SamplingParams] = field(default_factory=list)
+    forks: int = 0
+    released: set[int] = field(default_factory=set)
+    decode_tokens: int = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def add_sequence(self, prompt_token_ids):
+        sid = len(self.seqs)
+        self.seqs[sid] = FakeSeq(tuple(prompt_token_ids), list(prompt_token_ids))
+        return sid
+
+    def fork(self, seq_id):
+        assert seq_id not in self.released
+        self.forks += 1
+        src = self.seqs[seq_id]
+        sid = len(self.seqs)
+        self.seqs[sid] = FakeSeq(src.prompt, list(src.ctx), src.rounds)
+        return sid
+
+    def append(self, seq_id, token_ids):
+        self.seqs[seq_id].ctx += token_ids
+
+    def generate(self, seq_ids, params, max_new_tokens):
+        self.batches.append(list(seq_ids))
+        self.params.append(params)
+        out = []
+        for sid, budget in zip(seq_ids, max_new_tokens):
+            assert sid not in self.released and budget >= 1
+            seq = self.seqs[sid]
+            text, ent = self.script(seq)
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            stop = next((s for s in params.stop if text.endswith(s)), None)
+            reason = "stop" if stop else "eos" if ids and ids[-1] == self.tokenizer.eos_token_id else "length"
+            if len(ids) > budget:
+                ids, reason, stop = ids[:budget], "length", None
+            seq.ctx += ids
+            seq.rounds += 1
+            self.decode_tokens += len(ids)
+            out.append(Segment(ids, [-0.5] * len(ids), [ent] * len(ids), [ent] * len(ids), reason, stop))
+        return out
+
+    def release(self, seq_id):
+        self.released.add(seq_id)
+
+    def stats(self):
+        return {"prefill_tokens": 0.0, "decode_tokens": float(self.decode_tokens)}
+
+
+@dataclass
+class FakeTool:
+    name: str = "search"
+    tag: str = "search"
+    description: str = "fake search"
+    calls: list[str] = field(default_factory=list)
+
+    def run(self, arg):
+        self.calls.append(arg)
+        return f"found {arg}"
+
+
+class RaisingTool(FakeTool):
+    def run(self, arg):
+        raise RuntimeError("index missing")
+
+
+class BlockingTool(FakeTool):
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def run(self, arg):
+        self.gate.wait(5)
+        return "late"
+
+
+def calls_then_answer(calls: int, entropy=1.0):
+    """Rounds 0..calls-1 search (distinct queries), then answer."""
+    def script(seq):
+        h = entropy(seq) if callable(entropy) else entropy
+        return (f"<search>q{seq.rounds}</search>" if seq.rounds < calls else "<answer>\\boxed{x}</answer>"), h
+    return script
+
+
+def scripted_uniforms(monkeypatch, draws):
+    """Replace the controller's seeded U ~ Uniform(0,1) by a fixed list."""
+    it = iter(draws)
+    monkeypatch.setattr(tree, "random", SimpleNamespace(Random=lambda seed: SimpleNamespace(random=lambda: next(it))))
+
+
+def cfg(**kw) -> RolloutConfig:
+    base = dict(n=4, global_samples=1, entropy_segment="previous", max_response_length=512, call_limit=10)
+    base.update(kw)
+    return RolloutConfig(**base)
+
+
+def prompts(tok, k=1):
+    return [(f"p{i}", tok.encode(f"question {i}", add_special_tokens=False)) for i in range(k)]
+
+
+def tools():
+    return {"search": FakeTool()}
+
+
+# --- §1.4 branch probability -------------------------------------------------------------
+
+@pytest.mark.parametrize("c, expected", [(0, 0.5), (1, 1 - 0.5 / 0.95), (2, 1 - 0.5 / 0.9), (5, 1 / 3), (10, 0.0), (14, 0.0)])
+def test_branch_frequency_matches_table(c, expected):
+    """ΔH = 0: P(branch) = 0.5, 0.474, 0.444, 0.333, 0 for c = 0, 1, 2, 5, ≥ 10 (§1.4)."""
+    rng = random.Random(1234)
+    draws = 40000
+    hits = sum(branch_probability(rng.random(), 0.0, c, mode="aepo", entropy_weight=0.2, penalty=0.05) >= 0.5
+               for _ in range(draws))
+    assert abs(hits / draws - expected) < 0.01
+    assert round(expected, 3) in (0.5, 0.474, 0.444, 0.333, 0.0)
+
+
+def test_branch_probability_values():
+    assert branch_probability(0.6, 0.0, 2, mode="aepo", entropy_weight=0.2, penalty=0.05) == pytest.approx(0.54)
+    assert branch_probability(0.9, 1.0, 0, mode="aepo", entropy_weight=0.2, penalty=0.05) == 1.0  # clipped
+    assert branch_probability(0.9, 1.0, 3, mode="arpo", entropy_weight=0.2, penalty=0.05) == pytest.approx(1.1)
+    assert branch_probability(0.1, -1.0, 0, mode="aepo", entropy_weight=0.2, penalty=0.05) == 0.0
+
+
+def test_entropy_measures_and_delta():
+    seg = Segment([1] * 30, [0.0] * 30, [float(i) for i in range(30)], [0.5] * 30)
+    assert step_entropy(seg, "full", 20, 1000) == pytest.approx(9.5)  # mean of 0..19
+    assert step_entropy(seg, "top10_proxy", 20, 1000) == pytest.approx(10 / math.log(1000))  # sum of 20 × 0.5
+    assert entropy_delta(3.0, 1.0, "full", 1000) == pytest.approx(2 / math.log(1000))
+    assert entropy_delta(0.3, 0.1, "top10_proxy", 1000) == pytest.approx(0.2)
+
+
+def test_premonitor_formulas():
+    assert premonitor_global_samples(12, 2.0, 2.0, formula="release", beta=0.5) == 7
+    assert premonitor_global_samples(12, 2.0, 2.0, formula="paper", beta=0.5) == 6
+    assert premonitor_global_samples(8, 3.0, 1.0, formula="paper", beta=0.5) == 6   # 8·σ(1) = 5.85
+    assert premonitor_global_samples(8, 3.0, 1.0, formula="release", beta=0.5) == 6  # floor(5.85) + 1
+    assert premonitor_global_samples(4, 0.0, 10.0, formula="paper", beta=0.5) == 1   # 0.03 → clamped
+    assert premonitor_global_samples(12, 40.0, 0.0, formula="release", beta=0.5) == 12  # floor(11.99…) + 1
+
+
+# --- the controller ----------------------------------------------------------------------
+
+def test_premonitor_release_gives_7_of_12(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
+    c = cfg(n=12, global_samples=None, premonitor=True, premonitor_formula="release", mode="aepo",
+            branch_threshold=1.0, entropy_weight=0.0)  # never branch: restarts fill the rest
+    result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), c, seed=0)
+    assert result.metrics["rollout/global_samples"] == 7
+    for group in result.groups:
+        assert [t.traj_id for t in group] == list(range(12))
+        assert all(t.parent_id is None for t in group)
+    # first round of the tree = 7 fresh sequences per prompt, after the probe (2 seqs) and the 3-round pre-rollout
+    assert [len(b) for b in engine.batches[:5]] == [2, 2, 2, 2, 14]
+
+
+def test_previous_segment_path_penalty(tiny_tokenizer, monkeypatch):
+    """Hand-computed: U = .9, .2, .9, .52; ΔH = 0; λ = 0.05; per-path counter l."""
+    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52])
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(3))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="path"))
+    t0, t1, t2, t3 = result.groups[0]
+    # round 1: T0 l=0 → P=.9 → T1.   round 2: T0 l=1 → .2·.95=.19 no (l=0); T1 l=1 → .9·.95 → T2 (l=2).
+    # round 3: T0 l=0 → .52 → T3; prompt full.
+    assert t0.rounds[0].branch_probability == pytest.approx(0.9)
+    assert t0.rounds[1].branch_probability == pytest.approx(0.19)
+    assert t0.rounds[2].branch_probability == pytest.approx(0.52)
+    assert t1.rounds[1].branch_probability == pytest.approx(0.855)
+    assert t1.rounds[2].branch_probability is None and t2.rounds[2].branch_probability is None
+    assert [t.parent_id for t in (t0, t1, t2, t3)] == [None, 0, 1, 0]
+    assert t1.fork_token_index == t0.rounds[0].end and t3.fork_token_index == t0.rounds[2].end
+    assert t2.fork_token_index == t1.rounds[1].end
+    assert result.metrics["rollout/consecutive_branch_max"] == 2
+    assert result.metrics["rollout/branches_per_prompt"] == 3
+    assert result.metrics["rollout/largest_subtree_share"] == 1.0
+    assert all(t.finish_reason == "answer" for t in (t0, t1, t2, t3))
+
+
+def test_previous_segment_prompt_round_penalty(tiny_tokenizer, monkeypatch):
+    """Same draws, release counter c per prompt: round 3 uses c = 2 for every candidate."""
+    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52, 0.7])
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(3))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="prompt_round"))
+    t0, t1, t2, t3 = result.groups[0]
+    assert t0.rounds[1].branch_probability == pytest.approx(0.19)   # c = 1
+    assert t1.rounds[1].branch_probability == pytest.approx(0.855)  # c = 1
+    assert t0.rounds[2].branch_probability == pytest.approx(0.468)  # c = 2: .52·.9 < .5
+    assert t1.rounds[2].branch_probability == pytest.approx(0.63)   # c = 2: .7·.9 → T3
+    assert [t.parent_id for t in (t0, t1, t2, t3)] == [None, 0, 1, 1]
+    assert result.metrics["rollout/consecutive_branch_max"] == 3
+
+
+def test_prompt_round_counter_resets_for_prompts_without_gain(tiny_tokenizer, monkeypatch):
+    """Two prompts: only p0 gains in round 1, so p1's c stays 0 while p0's becomes 1."""
+    scripted_uniforms(monkeypatch, [0.9, 0.3, 0.6, 0.6])
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
+    result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), cfg(n=3, penalty_scope="prompt_round"))
+    g0, g1 = result.groups
+    assert g0[0].rounds[0].branch_probability == pytest.approx(0.9)
+    assert g1[0].rounds[0].branch_probability == pytest.approx(0.3)
+    assert g0[0].rounds[1].branch_probability == pytest.approx(0.6 * 0.95)  # c = 1
+    assert g1[0].rounds[1].branch_probability == pytest.approx(0.6)         # c = 0
+    assert [len(g) for g in result.groups] == [3, 3]
+
+
+def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
+    """Paper default: the decision after result k uses the reaction to result k; the child resumes there."""
+    entropies = {0: 1.0, 1: 3.0, 2: 1.0, 3: 1.0}
+    scripted_uniforms(monkeypatch, [0.45, 0.1, 0.1, 0.1])
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(3, lambda s: entropies[s.rounds]))
+    c = cfg(n=2, mode="arpo", entropy_segment="latest")
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), c)
+    t0, t1 = result.groups[0]
+    delta = (3.0 - 1.0) / math.log(len(tiny_tokenizer))
+    assert t0.rounds[0].branch_probability == pytest.approx(0.45 + 0.2 * delta)
+    assert t1.parent_id == 0 and t1.fork_token_index == t0.rounds[0].end
+    assert t1.response_token_ids[:t1.fork_token_index] == t0.response_token_ids[:t1.fork_token_index]
+    assert len(t1.rounds) == 4 and t1.rounds[1].start == t1.fork_token_index
+    assert engine.forks == 1  # the shadow became T1; a full prompt gets no more shadows
+    assert all(sid in engine.released for sid in engine.seqs)
+
+
+def test_slot_persistent_baseline_survives_calls(tiny_tokenizer, monkeypatch):
+    tree.reset_slot_baselines()
+    c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent")
+    scripted_uniforms(monkeypatch, [0.0, 0.0])
+    run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c)
+    scripted_uniforms(monkeypatch, [0.0, 0.0])
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c)
+    # slot 0's baseline is still the first call's 2.0, not this trajectory's own 5.0
+    assert result.groups[0][0].rounds[0].branch_probability == pytest.approx(0.2 * 3.0 / math.log(len(tiny_tokenizer)))
+    tree.reset_slot_baselines()
+
+
+def test_restarts_fill_the_budget_one_at_a_time(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=3))
+    assert [t.parent_id for t in result.groups[0]] == [None, None, None]
+    assert [len(b) for b in engine.batches] == [1, 1, 1]
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
+    run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=3, restarts=False))
+    assert [len(b) for b in engine.batches] == [1, 2]
+
+
+@pytest.mark.parametrize("mode", ["aepo", "arpo", "independent"])
+@pytest.mark.parametrize("segment", ["latest", "previous"])
+def test_exactly_n_per_prompt_and_lineage(tiny_tokenizer, mode, segment):
+    for seed in range(4):
+        engine = FakeEngine(tiny_tokenizer, calls_then_answer(3, lambda s: 0.5 + s.rounds))
+        c = cfg(n=5, mode=mode, global_samples=None, premonitor=True, entropy_segment=segment, branch_factor=2)
+        result = run_rollout(engine, prompts(tiny_tokenizer, 3), tools(), c, seed=seed)
+        assert len(result.groups) == 3
+        for group in result.groups:
+            assert [t.traj_id for t in group] == list(range(5))
+            for t in group:
+                assert t.finish_reason == "answer"
+                if t.parent_id is not None:
+                    parent = group[t.parent_id]
+                    assert t.parent_id < t.traj_id
+                    assert t.response_token_ids[:t.fork_token_index] == parent.response_token_ids[:t.fork_token_index]
+                    assert t.loss_mask[t.fork_token_index - 1] == 0  # forks sit right after a tool result
+            assert len(subtree_roots(group)) == 5
+        # one generate call per round for every active sequence of every prompt
+        assert all(len(set(b)) == len(b) for b in engine.batches)
+
+
+def test_validation_is_greedy_single_no_branching(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
+    result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), cfg(n=8), validation=True)
+    assert [len(g) for g in result.groups] == [1, 1]
+    assert all(p.greedy for p in engine.params) and engine.forks == 0
+    assert "</search>" in engine.params[0].stop and "</answer>" in engine.params[0].stop
+
+
+def test_loss_mask_and_result_block(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(1))
+    t = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(mode="independent", n=1)).groups[0][0]
+    assert t.response_text == "<search>q0</search> <result>\nfound q0\n</result><answer>\\boxed{x}</answer>"
+    first = t.rounds[0]
+    model_len = len(tiny_tokenizer.encode("<search>q0</search>", add_special_tokens=False))
+    assert t.loss_mask == [1] * model_len + [0] * (first.end - model_len) + [1] * (len(t.loss_mask) - first.end)
+    assert tiny_tokenizer.decode([i for i, m in zip(t.response_token_ids, t.loss_mask) if m == 0]) == \
+        " <result>\nfound q0\n</result>"
+    assert all(lp == 0.0 and e == 0.0 for lp, e, m in zip(t.logprobs, t.entropies, t.loss_mask) if m == 0)
+    assert t.tool_calls[0].result == "found q0" and t.num_tool_calls == 1
+
+
+def test_call_limit_stops_without_executing(tiny_tokenizer):
+    search = FakeTool()
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(10))
+    t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, cfg(mode="independent", n=1, call_limit=2)).groups[0][0]
+    assert search.calls == ["q0", "q1"] and t.num_tool_calls == 2
+    assert t.finish_reason == "call_limit" and len(t.rounds) == 3
+
+
+def test_response_budget_counts_tool_tokens(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(10))
+    c = cfg(mode="independent", n=1, max_response_length=40, max_tool_response_tokens=3)
+    t = run_rollout(engine, prompts(tiny_tokenizer), tools(), c).groups[0][0]
+    assert len(t.response_token_ids) == 40 and t.finish_reason == "length"
+    body = tiny_tokenizer.encode("found q0", add_special_tokens=False)[:3]
+    assert t.tool_calls[0].result == "found q0"
+    prefix = tiny_tokenizer.encode(" <result>\n", add_special_tokens=False)
+    start = len(tiny_tokenizer.encode("<search>q0</search>", add_special_tokens=False))
+    assert t.response_token_ids[start + len(prefix):start + len(prefix) + 3] == body
+
+
+@pytest.mark.parametrize("text, reason", [("<search> </search>", "empty_call"), ("oops</search>", "empty_call"),
+                                          ("<search>abc<|im_end|>", "eos"), ("<search>abc", "no_call")])
+def test_empty_and_unclosed_tags_end_the_trajectory(tiny_tokenizer, text, reason):
+    search = FakeTool()
+    engine = FakeEngine(tiny_tokenizer, lambda seq: (text, 1.0))
+    t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, cfg(mode="independent", n=1)).groups[0][0]
+    assert t.finish_reason == reason and search.calls == [] and t.num_tool_calls == 0
+
+
+def test_tool_error_and_timeout_continue(tiny_tokenizer):
+    blocking = BlockingTool()
+    blocking.name = blocking.tag = "python"
+    tools_ = {"search": RaisingTool(), "python": blocking}
+    script = lambda s: (["<search>a</search>", "<python>x</python>", "<answer>y</answer>"][s.rounds], 1.0)
+    c = cfg(mode="independent", n=1, tool_timeout=0.2)
+    result = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), tools_, c)
+    blocking.gate.set()
+    t = result.groups[0][0]
+    assert [call.error for call in t.tool_calls] == [True, True]
+    assert t.tool_calls[0].result == "Error: tool 'search' failed: RuntimeError: index missing"
+    assert t.tool_calls[1].result == "Error: tool 'python' timed out after 0.2 s."
+    assert t.finish_reason == "answer" and result.metrics["rollout/tool_errors"] == 2
+
+
+def test_identical_calls_are_cached(tiny_tokenizer):
+    search = FakeTool()
+    script = lambda s: ("<search>same</search>" if s.rounds < 2 else "<answer>y</answer>", 1.0)
+    run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer, 2), {"search": search},
+                cfg(mode="independent", n=3))
+    assert search.calls == ["same"]
+
+
+def test_hermes_garbled_json_continues(tiny_tokenizer):
+    script = lambda s: (['<tool_call>{"name": "search", "arguments": {"query": "a"</tool_call>',
+                         '<tool_call>{"name": "search", "arguments": {"query": "b"}}</tool_call>',
+                         "<answer>y</answer>"][s.rounds], 1.0)
+    search = FakeTool()
+    c = cfg(mode="independent", n=1, tool_format="hermes")
+    t = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
+    assert t.tool_calls[0].error and t.tool_calls[0].result.startswith("Error: the tool call is not valid JSON")
+    assert search.calls == ["b"] and t.finish_reason == "answer"
+    assert "<|im_start|>user\n<tool_response>\nfound b\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in t.response_text
+
+
+def test_metrics(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(1, lambda s: 2.0 if s.rounds == 0 else 4.0))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(mode="independent", n=2))
+    m = result.metrics
+    assert m["rollout/global_samples"] == 2 and m["rollout/branches_per_prompt"] == 0
+    assert m["rollout/largest_subtree_share"] == 0.5
+    assert m["rollout/entropy_root"] == 2.0 and m["rollout/entropy_after_tool"] == 4.0
+    assert m["tool_call_counts/mean"] == 1 and m["num_turns/mean"] == 2
+    t = result.groups[0][0]
+    assert m["response_length/mean"] == len(t.response_token_ids)
+    assert m["rollout/decode_tokens"] == 2 * sum(t.loss_mask)
+
+
+def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, monkeypatch, tmp_path):
+    import json
+
+    from rich.console import Console
+
+    from aepo_rl.rollout.cli import print_rollout, write_rollouts
+
+    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52])
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(3)), prompts(tiny_tokenizer), tools(), cfg())
+    write_rollouts(result.groups, tmp_path / "rollouts.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [(r["traj_id"], r["parent_id"]) for r in records] == [(0, None), (1, 0), (2, 1), (3, 0)]
+    assert records[3]["fork_token_index"] == result.groups[0][0].rounds[2].end
+    assert records[0]["num_tool_calls"] == 3 and records[0]["step_entropies"] == [1.0] * 4
+    console = Console(record=True, width=250)
+    print_rollout(result.groups, result.metrics, console)
+    text = console.export_text()
+    assert "T0 from the prompt" in text
+    assert "T2 forked from T1 after round 2 (token" in text and "P=0.855)" in text
+    assert "T3 forked from T0 after round 3" in text and "P=0.520)" in text
+    assert "search('q0')" in text and "rollout/largest_subtree_share" in text
