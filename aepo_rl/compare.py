@@ -18,6 +18,7 @@ from typing import Any
 
 from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict
 from aepo_rl.report import plot_runs, read_metrics, series
+from aepo_rl.train.pipeline import run_rl_stage, run_sft_stage
 
 COLUMNS = (
     ("pass@1", "pass@1 on the evaluation split after RL"),
@@ -160,8 +161,6 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots."""
     from rich.console import Console
     from rich.table import Table
-
-    from aepo_rl.train.pipeline import run_rl_stage, run_sft_stage
 
     if not presets:
         raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")

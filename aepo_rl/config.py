@@ -104,7 +104,8 @@ class RolloutConfig:
     tool_timeout: float = knob(10.0, "Per-call tool timeout in seconds.", gt=0)
     tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=("hf", "vllm", "openai"))
-    engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai.")
+    engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
+    engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
     seed: int = knob(0, "Sampling seed.")
 
 

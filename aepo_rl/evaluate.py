@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.engines.base import SamplingParams
+from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
+from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example, Task
 
 
@@ -83,9 +86,6 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
     rolled out ``cfg.eval.batch_size`` questions at a time with the task's tools. With
     ``with_records`` the metrics carry ``"records"``: every question's samples and verdicts.
     """
-    from aepo_rl.models import encode_prompt
-    from aepo_rl.rollout.tree import run_rollout
-
     if not examples:
         raise ValueError(f"no questions to evaluate in {task.name}/{split_name}")
     k = 1 if cfg.eval.greedy else cfg.eval.samples
@@ -110,10 +110,10 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    table.add_column("task/split", no_wrap=True)
-    for column in ("pass@1", "pass@k", "k", "questions", "tool calls", "response len", "reward"):
-        table.add_column(column, justify="right")
+    table = Table(title=title, caption="tools: tool calls per answer; length: response tokens per answer")
+    table.add_column("task/split", overflow="fold")
+    for column in ("pass@1", "pass@k", "k", "questions", "tools", "length", "reward"):
+        table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     for name, m in results.items():
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
                       f"{m['tool_calls/mean']:.2f}", f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
@@ -164,7 +164,8 @@ def _build_policy_engine(cfg: Config, task: Task, endpoint: str | None, endpoint
 
     from aepo_rl.engines.openai import OpenAIEngine
 
-    return OpenAIEngine(endpoint, endpoint_model, AutoTokenizer.from_pretrained(cfg.model.path))
+    return OpenAIEngine(endpoint, endpoint_model, AutoTokenizer.from_pretrained(cfg.model.path),
+                        api_key=os.environ.get("OPENAI_API_KEY"), seed=cfg.rollout.seed)
 
 
 def _mean(values: list[float]) -> float:

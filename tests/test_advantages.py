@@ -52,6 +52,15 @@ def test_grpo_with_n_equal_one_uses_mean_zero_std_one():
     expect_rows(adv, [1 / (1 + EPS), -1 / (1 + EPS), 0.25 / (1 + EPS)], mask)
 
 
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo", "gigpo"])
+def test_n_equal_one_keeps_the_raw_reward(name):
+    # every group has one trajectory: mean 0 (and for gigpo std 1, no step groups)
+    mask = torch.ones(3, 3)
+    adv, _ = estimate(name, scores=[1.0, -1.0, 0.25], index=["x", "y", "z"], mask=mask,
+                      anchor_keys=torch.tensor([[-1, 1, 1], [-1, 2, 2], [-1, 3, 3]]))
+    expect_rows(adv, [1.0, -1.0, 0.25], mask)
+
+
 def test_rloo_by_hand():
     # A_i = R_i − mean of the others: group a → 1 − 0, 0 − 0.5, 0 − 0.5; a group of one keeps R
     expect_rows(estimate("rloo")[0], [1.0, -0.5, -0.5, 0.5, 0.0, 0.0])
@@ -62,7 +71,7 @@ def test_reinforce_plus_plus_by_hand():
     mask = torch.ones(2, 3)
     adv, returns = get_advantage_estimator("reinforce_plus_plus")(rewards, mask, None, PolicyLossConfig())
     assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
-    scale = 1 / math.sqrt(6 * 0.25 / 5 + 1e-8)  # mean 0.5, unbiased var 0.3 over the 6 tokens
+    scale = 1 / math.sqrt(6 * 0.25 / 5)  # mean 0.5, unbiased var 0.3 over the 6 tokens
     assert torch.allclose(adv, torch.tensor([[0.5] * 3, [-0.5] * 3]) * scale, atol=1e-5)
     # γ = 0.5 and a per-token KL penalty folded into the rewards (β = 0.1), KL ignored under mask 0
     kl = torch.tensor([[1.0, 2.0, 0.0], [0.0, 50.0, 3.0]])
@@ -87,7 +96,7 @@ def test_reinforce_plus_plus_baseline_by_hand():
     centered = torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])  # group of one: mean 0 → R − 0 = 0.5
     centered[3] = 0.5
     tokens = centered.repeat_interleave(2)  # two masked tokens per row
-    whitened = (tokens - tokens.mean()) / torch.sqrt(tokens.var() + 1e-8)
+    whitened = (tokens - tokens.mean()) / tokens.std()
     expect_rows(adv, whitened[::2].tolist())
 
 

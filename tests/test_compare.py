@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-import types
 
 import pytest
 
+import aepo_rl.compare
 from aepo_rl.compare import (compare_main, mean_ci95, preset_configs, split_overrides, student_t_critical,
                              user_overrides)
 from aepo_rl.config import ConfigError, load_config
@@ -88,8 +87,8 @@ def fake_pipeline(monkeypatch):
         return {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
                                                 "tool_calls/mean": tools}}
 
-    monkeypatch.setitem(sys.modules, "aepo_rl.train.pipeline",
-                        types.SimpleNamespace(run_sft_stage=run_sft_stage, run_rl_stage=run_rl_stage))
+    monkeypatch.setattr(aepo_rl.compare, "run_sft_stage", run_sft_stage)
+    monkeypatch.setattr(aepo_rl.compare, "run_rl_stage", run_rl_stage)
     return calls
 
 
@@ -143,3 +142,13 @@ def test_compare_main_rejects_bad_arguments(fake_pipeline, tmp_path):
         compare_main(load_config(), [], seeds=1, out_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="--seeds must be >= 1"):
         compare_main(load_config(), ["aepo"], seeds=0, out_dir=str(tmp_path))
+
+
+def test_aepo_compare_command(fake_pipeline, tmp_path):
+    from aepo_rl.cli import main
+
+    assert main(["compare", "--presets", "grpo,aepo", "--seeds", "2", "--steps", "3", "--out", str(tmp_path),
+                 "rollout.n=6"]) == 0
+    assert [(c.preset, c.trainer.seed, c.trainer.steps, c.rollout.n) for c, _, _ in fake_pipeline["rl"]] == [
+        ("grpo", 0, 3, 6), ("grpo", 1, 3, 6), ("aepo", 0, 3, 6), ("aepo", 1, 3, 6)]
+    assert json.loads((tmp_path / "compare.json").read_text())["presets"] == ["grpo", "aepo"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -64,10 +65,10 @@ def test_satisfies_protocol(tiny_model, tiny_tokenizer):
     assert engine.vocab_size == len(tiny_tokenizer)
 
 
-def test_multi_round_forked_batch_matches_full_forward(tiny_model, tiny_tokenizer):
+def test_multi_round_forked_batch_matches_full_forward(untied_model, tiny_tokenizer):
     """Appends, forks before/after generation and after an append, ragged batch: exact within 1e-4."""
     tok = tiny_tokenizer
-    rec = Recorder(HFEngine(tiny_model, tok, seed=3))
+    rec = Recorder(HFEngine(untied_model, tok, seed=3))
     params = SamplingParams(temperature=1.0, top_p=0.95)
     a = rec.add(encode(tok, "<think>I need to find who founded Velmora.</think>"))
     b = rec.add(encode(tok, "The quick"))
@@ -80,24 +81,25 @@ def test_multi_round_forked_batch_matches_full_forward(tiny_model, tiny_tokenize
     rec.engine.append(c, encode(tok, " <result>\n150\n</result>"))
     rec.engine.append(a_early, encode(tok, " <python>print(1)</python>"))
     d = rec.fork(c)
-    rec.generate([d, a_early, c], [8, 5, 2], params)
+    late = rec.add(encode(tok, "Ada"))  # a fresh prompt next to cached rows (a restart)
+    rec.generate([d, a_early, late, c], [8, 5, 6, 2], params)
     rec.generate([b, d], [4, 4], params)
-    for seq in (a, b, c, d, a_early, b_mid):
+    for seq in (a, b, c, d, a_early, b_mid, late):
         assert len(rec.records[seq]) > 0
-        assert rec.max_error(tiny_model, seq) < 1e-4
+        assert rec.max_error(untied_model, seq) < 1e-4
 
 
-def test_greedy_is_argmax_and_matches_model_generate(tiny_model, tiny_tokenizer):
-    tok = tiny_tokenizer
-    prompts = [encode(tok, "<search>Velmora founder</search> <result>"), encode(tok, "The lazy")]
-    engine = HFEngine(tiny_model, tok)
+def test_greedy_is_argmax_and_matches_model_generate(untied_model, tiny_tokenizer):
+    tok, model = tiny_tokenizer, untied_model
+    prompts = [encode(tok, "<search>Velmora founder</search> <result>"), encode(tok, "<think>")]
+    engine = HFEngine(model, tok)
     segments = engine.generate([engine.add_sequence(p) for p in prompts], SamplingParams(greedy=True), [10, 10])
     for prompt, seg in zip(prompts, segments):
-        reference = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
                                         eos_token_id=None, pad_token_id=tok.pad_token_id)
         assert seg.token_ids == reference[0, len(prompt):].tolist()
         with torch.no_grad():
-            logits = tiny_model(torch.tensor([prompt + seg.token_ids])).logits[0]
+            logits = model(torch.tensor([prompt + seg.token_ids])).logits[0]
         assert seg.token_ids == logits[len(prompt) - 1:-1].argmax(-1).tolist()
 
 
@@ -116,47 +118,63 @@ def test_seeded_runs_reproduce(tiny_model, tiny_tokenizer):
     assert run(7) != run(8)
 
 
-def _greedy_tokens(model, tok, prompt, n):
+@pytest.fixture(scope="module")
+def untied_model(tiny_model):
+    """The tiny Qwen3 with an untied output layer: its greedy text varies (the tied one repeats its input)."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(tiny_model.config)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _greedy(model, tok, prompt, n, stop=()):
     engine = HFEngine(model, tok)
-    return engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [n])[0].token_ids
+    return engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True, stop=stop), [n])[0]
 
 
-def test_stop_on_single_token_string_by_id(tiny_model, tiny_tokenizer):
-    prompt = encode(tiny_tokenizer, "<result>")
-    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 12)
-    k = next(i for i, t in enumerate(free) if len(encode(tiny_tokenizer, tiny_tokenizer.decode([t]))) == 1)
-    stop = tiny_tokenizer.decode([free[k]])
-    engine = HFEngine(tiny_model, tiny_tokenizer)
-    seg = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True, stop=(stop,)), [12])[0]
-    first = next(i for i, t in enumerate(free) if t == free[k])
-    assert seg.token_ids == free[:first + 1]
+def _first_end(tok, tokens, stop):
+    """Index of the token that completes ``stop`` in the decoded text, by hand."""
+    return next(i for i in range(len(tokens)) if stop in tok.decode(tokens[:i + 1]))
+
+
+def test_stop_on_single_token_string_by_id(untied_model, tiny_tokenizer):
+    tok = tiny_tokenizer
+    prompt = encode(tok, "<think>")
+    free = _greedy(untied_model, tok, prompt, 12).token_ids
+    k = next(i for i in range(2, 12) if len(encode(tok, tok.decode([free[i]]))) == 1 and free[i] not in free[:i])
+    stop = tok.decode([free[k]])
+    seg = _greedy(untied_model, tok, prompt, 12, stop=(stop,))
+    assert seg.token_ids == free[:_first_end(tok, free, stop) + 1]
     assert (seg.finish_reason, seg.stop_string) == ("stop", stop)
 
 
-def test_stop_on_string_spelled_over_tokens(tiny_model, tiny_tokenizer):
-    prompt = encode(tiny_tokenizer, "The quick")
-    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 12)
-    stop = tiny_tokenizer.decode(free[3:5])
-    engine = HFEngine(tiny_model, tiny_tokenizer)
-    seg = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True, stop=(stop, "never")), [12])[0]
-    first_end = next(i for i in range(len(free)) if stop in tiny_tokenizer.decode(free[:i + 1]))
-    assert first_end <= 4
-    assert seg.token_ids == free[:first_end + 1]
+def test_stop_on_string_spelled_over_tokens(untied_model, tiny_tokenizer):
+    tok = tiny_tokenizer
+    prompt = encode(tok, "<think>")
+    free = _greedy(untied_model, tok, prompt, 12).token_ids
+    stop = tok.decode(free[3:5])
+    assert len(encode(tok, stop)) > 1
+    seg = _greedy(untied_model, tok, prompt, 12, stop=("never", stop))
+    end = _first_end(tok, free, stop)
+    assert end <= 4 and seg.token_ids == free[:end + 1]
     assert (seg.finish_reason, seg.stop_string) == ("stop", stop)
 
 
-def test_eos_and_per_sequence_budget(tiny_model, tiny_tokenizer):
-    prompt = encode(tiny_tokenizer, "Velmora")
-    free = _greedy_tokens(tiny_model, tiny_tokenizer, prompt, 10)
-    saved = tiny_model.generation_config.eos_token_id
-    tiny_model.generation_config.eos_token_id = [free[4]]
-    try:
-        engine = HFEngine(tiny_model, tiny_tokenizer)
-    finally:
-        tiny_model.generation_config.eos_token_id = saved
+def test_eos_and_per_sequence_budget(untied_model, tiny_tokenizer):
+    prompt = encode(tiny_tokenizer, "<think>")
+    free = _greedy(untied_model, tiny_tokenizer, prompt, 10).token_ids
     first = free.index(free[4])
+    saved = untied_model.generation_config.eos_token_id
+    untied_model.generation_config.eos_token_id = [free[4]]
+    try:
+        engine = HFEngine(untied_model, tiny_tokenizer)
+    finally:
+        untied_model.generation_config.eos_token_id = saved
     seqs = [engine.add_sequence(prompt) for _ in range(3)]
     segs = engine.generate(seqs, SamplingParams(greedy=True), [10, 2, 0])
+    assert first >= 2
     assert segs[0].token_ids == free[:first + 1] and segs[0].finish_reason == "eos"
     assert segs[1].token_ids == free[:2] and segs[1].finish_reason == "length"
     assert segs[2].token_ids == [] and segs[2].finish_reason == "length"
@@ -166,9 +184,10 @@ def test_eos_and_per_sequence_budget(tiny_model, tiny_tokenizer):
 def test_prefill_counts_each_unique_context_token_once(tiny_model, tiny_tokenizer):
     tok = tiny_tokenizer
     engine = HFEngine(tiny_model, tok, seed=1)
-    prompt, tool_1, tool_2 = encode(tok, "<think>Who"), encode(tok, " <result>\n150\n</result>"), encode(tok, " <result>x")
+    prompt, tool_1 = encode(tok, "<think>Who"), encode(tok, " <result>\n150\n</result>")
+    tool_2 = encode(tok, " <result>x")
     root = engine.add_sequence(prompt)
-    twins = [root, engine.fork(root), engine.fork(root)]  # three global samples, one prompt prefill
+    twins = [root, engine.fork(root), engine.add_sequence(prompt)]  # three global samples, one prompt prefill
     engine.generate(twins, SamplingParams(), [6, 6, 6])
     engine.append(twins[0], tool_1)
     child = engine.fork(twins[0])
@@ -195,6 +214,17 @@ def test_bf16_generation_tracks_full_forward(tiny_tokenizer):
         assert rec.max_error(model, seq) < 0.05
 
 
+def test_finished_rows_leave_the_batch(tiny_model, tiny_tokenizer):
+    batch_sizes = []
+    hook = tiny_model.model.embed_tokens.register_forward_pre_hook(lambda m, args: batch_sizes.append(args[0].shape))
+    try:
+        engine = HFEngine(tiny_model, tiny_tokenizer)
+        engine.generate([engine.add_sequence([5, 6, 7]), engine.add_sequence([8])], SamplingParams(), [2, 5])
+    finally:
+        hook.remove()
+    assert [tuple(s) for s in batch_sizes] == [(2, 3), (2, 1), (1, 1), (1, 1), (1, 1)]
+
+
 def test_model_mode_is_restored(tiny_tokenizer):
     from conftest import build_tiny_model
 
@@ -206,25 +236,31 @@ def test_model_mode_is_restored(tiny_tokenizer):
 
 def test_token_statistics_by_hand():
     probs = torch.tensor([0.3, 0.2, 0.1] + [0.04] * 10)
-    logprobs, entropy, top10 = token_statistics(probs.log()[None])
-    assert torch.allclose(logprobs.exp()[0], probs, atol=1e-6)
+    logprobs, p, entropy, top10 = token_statistics(probs.log()[None])
+    assert torch.allclose(p[0], probs, atol=1e-6) and torch.allclose(logprobs.exp(), p)
     full = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 10 * 0.04 * math.log(0.04))
     proxy = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 7 * 0.04 * math.log(0.04))
     assert entropy.item() == pytest.approx(full, abs=1e-5)
     assert top10.item() == pytest.approx(proxy, abs=1e-5)
 
 
-def test_top_k_top_p_and_temperature_filters():
-    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).log_softmax(-1).repeat(2000, 1)
-    g = torch.Generator().manual_seed(0)
-    assert set(sample_tokens(logits, SamplingParams(top_k=2), g).tolist()) == {0, 1}
-    p = logits[0].exp()
-    nucleus = SamplingParams(top_p=float(p[0] + p[1]) - 1e-3)  # needs the top two tokens
-    assert set(sample_tokens(logits, nucleus, g).tolist()) == {0, 1}
-    assert set(sample_tokens(logits, SamplingParams(top_p=float(p[0]) * 0.9), g).tolist()) == {0}
-    assert sample_tokens(logits, SamplingParams(temperature=0.0), g).unique().tolist() == [0]
-    cold = sample_tokens(logits, SamplingParams(temperature=0.25), g)
-    assert (cold == 0).float().mean() > (sample_tokens(logits, SamplingParams(), g) == 0).float().mean()
+def _draw(params, rows=20000, seed=0):
+    logprobs = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).log_softmax(-1).repeat(rows, 1)
+    return sample_tokens(logprobs, logprobs.exp(), params, torch.Generator().manual_seed(seed)), logprobs[0].exp()
+
+
+def test_sampling_frequencies_and_filters():
+    tokens, p = _draw(SamplingParams())
+    assert torch.allclose(torch.bincount(tokens, minlength=5) / len(tokens), p, atol=0.015)
+    tokens, _ = _draw(SamplingParams(temperature=0.5))
+    tempered = (p.log() / 0.5).softmax(-1)
+    assert torch.allclose(torch.bincount(tokens, minlength=5) / len(tokens), tempered, atol=0.015)
+    tokens, _ = _draw(SamplingParams(top_k=2))
+    top_two = torch.tensor([p[0], p[1], 0, 0, 0]) / (p[0] + p[1])
+    assert torch.allclose(torch.bincount(tokens, minlength=5) / len(tokens), top_two, atol=0.015)
+    assert set(_draw(SamplingParams(top_p=float(p[0] + p[1]) - 1e-3))[0].tolist()) == {0, 1}
+    assert set(_draw(SamplingParams(top_p=float(p[0]) * 0.9))[0].tolist()) == {0}
+    assert _draw(SamplingParams(temperature=0.0))[0].unique().tolist() == [0]
 
 
 def test_bad_inputs_are_named(tiny_model, tiny_tokenizer):

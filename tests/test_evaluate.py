@@ -6,13 +6,12 @@ import itertools
 import json
 import math
 import re
-import sys
-import types
 from collections import Counter
 from types import SimpleNamespace
 
 import pytest
 
+import aepo_rl.evaluate
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.base import Segment
 from aepo_rl.evaluate import eval_main, evaluate, pass_at_k, score_groups
@@ -111,7 +110,7 @@ class ScriptedRollout:
 def scripted_rollout(monkeypatch):
     def install(num_correct):
         rollout = ScriptedRollout(num_correct)
-        monkeypatch.setitem(sys.modules, "aepo_rl.rollout.tree", types.SimpleNamespace(run_rollout=rollout))
+        monkeypatch.setattr(aepo_rl.evaluate, "run_rollout", rollout)
         return rollout
     return install
 
@@ -181,8 +180,11 @@ def fake_policy_stack(monkeypatch, scripted_rollout, tiny_tokenizer):
     seen = {}
     scripted_rollout([2, 0, 1])
     monkeypatch.setattr(aepo_rl.tasks, "get_task", lambda cfg: FakeTask(3), raising=False)
-    monkeypatch.setattr(aepo_rl.models, "load_policy",
-                        lambda cfg, task: seen.setdefault("load_policy", ("model", tiny_tokenizer)))
+    def load_policy(cfg, task):
+        seen["cfg"] = cfg
+        return "model", tiny_tokenizer
+
+    monkeypatch.setattr(aepo_rl.models, "load_policy", load_policy)
     monkeypatch.setattr(aepo_rl.engines, "build_engine",
                         lambda cfg, model, tok: seen.setdefault("engine", SimpleNamespace(tokenizer=tok, model=model)),
                         raising=False)
@@ -202,6 +204,34 @@ def test_eval_main_writes_json_and_records(fake_policy_stack, tmp_path, capsys):
     assert [(r["task"], r["id"], r["num_correct"]) for r in records] == [("fake/test", "q0", 2), ("fake/test", "q1", 0)]
     printed = capsys.readouterr().out
     assert "fake/test" in printed and "0.500" in printed
+
+
+def test_aepo_eval_command_puts_its_options_into_the_config(fake_policy_stack, tmp_path):
+    from aepo_rl.cli import main
+
+    out = tmp_path / "e.json"
+    assert main(["eval", "--model", "some/dir", "--greedy", "--samples", "3", "--out", str(out), "task.seed=7"]) == 0
+    cfg = fake_policy_stack["cfg"]
+    assert (cfg.model.path, cfg.eval.greedy, cfg.eval.samples, cfg.task.seed) == ("some/dir", True, 3, 7)
+    assert json.loads(out.read_text())["fake/test"]["k"] == 1
+
+
+def test_eval_main_on_an_openai_compatible_endpoint(fake_policy_stack, monkeypatch, tiny_tokenizer):
+    import transformers
+
+    import aepo_rl.engines.openai
+
+    built = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path: tiny_tokenizer if path == "Qwen/Qwen3-8B" else None)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setattr(aepo_rl.engines.openai, "OpenAIEngine",
+                        lambda url, model, tok, api_key, seed: built.append((url, model, tok, api_key, seed))
+                        or SimpleNamespace(tokenizer=tok))
+    cfg = load_config(overrides=["model.path=Qwen/Qwen3-8B", "rollout.seed=3"])
+    assert eval_main(cfg, endpoint="http://h:8000/v1", endpoint_model="qwen3") == 0
+    assert built == [("http://h:8000/v1", "qwen3", tiny_tokenizer, "sk-test", 3)]
+    assert "load_policy" not in fake_policy_stack and "cfg" not in fake_policy_stack
 
 
 def test_eval_main_errors_name_the_problem(fake_policy_stack):

@@ -247,16 +247,21 @@ def test_shape_mismatch_names_the_argument_and_shapes():
         get_policy_loss("ppo")(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.ones(3))
 
 
-@pytest.mark.parametrize("argument", ["old_log_prob", "log_prob", "advantages"])
+@pytest.mark.parametrize("argument", ["old_log_prob", "log_prob", "advantages", "entropy"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_inputs_name_the_argument(argument, bad):
-    inputs = {"old_log_prob": torch.zeros(1, 3), "log_prob": torch.zeros(1, 3), "advantages": torch.ones(1, 3)}
+    inputs = {"old_log_prob": torch.zeros(1, 3), "log_prob": torch.zeros(1, 3), "advantages": torch.ones(1, 3),
+              "entropy": torch.ones(1, 3)}
     inputs[argument][0, 1] = bad
     with pytest.raises(ValueError, match=f"{argument} contains NaN or Inf"):
-        get_policy_loss("ppo")(inputs["old_log_prob"], inputs["log_prob"], inputs["advantages"], torch.ones(1, 3))
+        get_policy_loss("aepo")(inputs["old_log_prob"], inputs["log_prob"], inputs["advantages"], torch.ones(1, 3),
+                                entropy=inputs["entropy"])
 
 
 def test_registry_lists_valid_names_and_accepts_new_losses():
+    from aepo_rl.config import AlgorithmConfig
+
+    assert PolicyLossConfig is AlgorithmConfig
     with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; valid names: aepo, cispo, dapo, gppo, grpo, gspo, ppo"):
         get_policy_loss("ppo2")
 

@@ -113,3 +113,11 @@ def test_report_main_reports_errors_naming_the_file(tmp_path, capsys):
     assert f"aepo report: error: {run / 'metrics.jsonl'}:2: not valid JSON" in capsys.readouterr().out
     assert report_main([str(tmp_path / "missing")]) == 2
     assert f"run folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().out
+
+
+def test_aepo_report_command(tmp_path):
+    from aepo_rl.cli import main
+
+    run = write_run(tmp_path, "r", [full_record(s) for s in range(1, 3)])
+    assert main(["report", str(run), "--out", str(tmp_path / "figs")]) == 0
+    assert_valid_png(tmp_path / "figs" / "tool_calls.png")

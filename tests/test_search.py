@@ -102,6 +102,16 @@ def test_index_is_cached_on_disk_by_corpus_hash(tmp_path):
     assert SearchIndex.from_corpus(path, cache_dir=tmp_path).loaded_from_cache
 
 
+def test_damaged_or_unwritable_cache_still_gives_an_index(tmp_path):
+    built = SearchIndex(FRUIT, cache_dir=tmp_path)
+    (built.folder / "vocab.index.json").write_text("{broken")
+    rebuilt = SearchIndex(FRUIT, cache_dir=tmp_path)
+    assert not rebuilt.loaded_from_cache and SearchIndex(FRUIT, cache_dir=tmp_path).loaded_from_cache
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert [h.id for h in SearchIndex(FRUIT, cache_dir=blocker).search(["cherry"], 3)[0]] == ["c", "b"]
+
+
 def test_format_results_as_the_release():
     hits = [Hit("b", "Banana", "banana  cherry\n pie", 1.0), Hit("a", "Apple", "apple apple banana", 0.5)]
     assert format_results(hits, max_chars=100) == "Page 1: Banana — banana cherry pie\nPage 2: Apple — apple apple banana"
@@ -174,6 +184,9 @@ def test_http_server_and_in_process_index_rank_alike(tmp_path):
         assert body["result"][0][0]["document"]["contents"] == "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]
         bare = httpx.post(f"{url}/retrieve", json={"queries": queries[:1]}).json()["result"]
         assert bare[0][0] == {"id": "volcano", "contents": "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]}
+        assert httpx.post(f"{url}/retrieve", json={"queries": "not a list"}).status_code == 422
+        huge = httpx.post(f"{url}/retrieve", json={"queries": ["volcano " * 200_000], "topk": 1}, timeout=30)
+        assert huge.status_code == 200 and huge.json()["result"][0][0]["id"] == "volcano"
         remote = get_tool("search", url=url, topk=3)
         assert remote.search_batch(queries) == [local.run(q) for q in queries]
         assert remote.run(queries[0]) == local.run(queries[0])
@@ -205,6 +218,19 @@ def test_client_retries_server_errors_then_succeeds():
         tool = get_tool("search", url=url + "/retrieve", retries=3, backoff=0.01)
         assert tool.run("anything") == "Page 1: Quoted Title — body text"
     assert tool.stats["errors"] == 0
+
+
+def test_invalid_server_answer_is_an_error_text():
+    app = FastAPI()
+
+    @app.post("/retrieve")
+    def wrong_shape(request: dict):
+        return {"result": []}
+
+    with serving(app) as url:
+        tool = get_tool("search", url=url, retries=0)
+        assert tool.run("q") == f"Error: search failed: {url}/retrieve answered 0 result lists for 1 queries"
+    assert tool.stats == {"calls": 1, "errors": 1, "cache_hits": 0}
 
 
 def raise_status(status: int):

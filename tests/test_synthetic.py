@@ -1,10 +1,12 @@
 """The built-in synthetic task: determinism, disjoint splits, searchability, teacher demonstrations."""
 
 import itertools
+import random
 
 import pytest
 
 from aepo_rl.config import TaskConfig, load_config
+from aepo_rl.rewards import model_text
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.common import SYSTEM_PROMPT
 from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask, build_world, make_questions
@@ -80,7 +82,6 @@ def test_questions_have_messages_and_unique_text(task):
 
 def test_difficulty_knobs():
     world = build_world(0)
-    import random
     one_hop = make_questions(world, "dev", 60, random.Random(0), max_hops=1, arithmetic_fraction=0.0)
     assert {e.extra_info["hops"] for e in one_hop} == {1} and not any(e.extra_info["arithmetic"] for e in one_hop)
     arithmetic = make_questions(world, "dev", 60, random.Random(0), max_hops=3, arithmetic_fraction=1.0)
@@ -145,9 +146,10 @@ def test_teacher_error_rate_is_honoured():
 
 
 def test_texts_are_train_side_only(task):
-    text = "\n".join(task.texts())
-    assert SYSTEM_PROMPT in text
-    held_out = {n for split in ("dev", "test") for e in task.examples(split) for n in e.extra_info["roots"]}
+    """Held-out names reach the tokenizer's text only as low-ranked pages inside search results."""
+    assert SYSTEM_PROMPT in task.texts()
+    text = model_text("\n".join(task.texts()))
+    held_out = {n for split in ("dev", "test") for e in task.examples(split) for n in e.extra_info["entities"]}
     assert not any(name in text for name in held_out)
 
 
@@ -157,3 +159,9 @@ def test_get_task_builds_the_synthetic_task():
     assert isinstance(task, SyntheticTask) and len(task.examples("train")) == 40
     with pytest.raises(KeyError, match="splits"):
         task.examples("validation")
+
+
+def test_asking_for_more_questions_than_exist_fails_clearly():
+    world = build_world(0, {"train": 8, "dev": 8, "test": 8})
+    with pytest.raises(ValueError, match="cannot draw 500 distinct dev questions"):
+        make_questions(world, "dev", 500, random.Random(0), max_hops=1, arithmetic_fraction=1.0)

@@ -46,7 +46,8 @@ def test_hermes_valid_calls():
     req = parse_tool_call('x <tool_call>{"name": "search", "arguments": {"query": "capital of Oz"}}</tool_call>',
                           "</tool_call>", "hermes", TOOLS)
     assert (req.key, req.name, req.arg, req.error) == ("search", "search", "capital of Oz", None)
-    req = parse_tool_call('<tool_call>{"name": "python", "arguments": "print(2)"}</tool_call>', "</tool_call>", "hermes", TOOLS)
+    text = '<tool_call>{"name": "python", "arguments": "print(2)"}</tool_call>'
+    req = parse_tool_call(text, "</tool_call>", "hermes", TOOLS)
     assert (req.key, req.arg) == ("python", "print(2)")
 
 

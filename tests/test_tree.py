@@ -146,7 +146,8 @@ def tools():
 
 # --- §1.4 branch probability -------------------------------------------------------------
 
-@pytest.mark.parametrize("c, expected", [(0, 0.5), (1, 1 - 0.5 / 0.95), (2, 1 - 0.5 / 0.9), (5, 1 / 3), (10, 0.0), (14, 0.0)])
+@pytest.mark.parametrize("c, expected", [(0, 0.5), (1, 1 - 0.5 / 0.95), (2, 1 - 0.5 / 0.9), (5, 1 / 3),
+                                         (10, 0.0), (14, 0.0)])
 def test_branch_frequency_matches_table(c, expected):
     """ΔH = 0: P(branch) = 0.5, 0.474, 0.444, 0.333, 0 for c = 0, 1, 2, 5, ≥ 10 (§1.4)."""
     rng = random.Random(1234)
@@ -259,6 +260,15 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
     assert t1.response_token_ids[:t1.fork_token_index] == t0.response_token_ids[:t1.fork_token_index]
     assert len(t1.rounds) == 4 and t1.rounds[1].start == t1.fork_token_index
     assert engine.forks == 1  # the shadow became T1; a full prompt gets no more shadows
+    from rich.console import Console
+
+    from aepo_rl.rollout.cli import group_tree
+
+    console = Console(record=True, width=250)
+    console.print(group_tree(result.groups[0], "latest"))
+    p = 0.45 + 0.2 * delta
+    assert f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, H=3.000, P={p:.3f})" \
+        in console.export_text()
     assert all(sid in engine.released for sid in engine.seqs)
 
 
@@ -330,7 +340,8 @@ def test_loss_mask_and_result_block(tiny_tokenizer):
 def test_call_limit_stops_without_executing(tiny_tokenizer):
     search = FakeTool()
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(10))
-    t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, cfg(mode="independent", n=1, call_limit=2)).groups[0][0]
+    c = cfg(mode="independent", n=1, call_limit=2)
+    t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
     assert search.calls == ["q0", "q1"] and t.num_tool_calls == 2
     assert t.finish_reason == "call_limit" and len(t.rounds) == 3
 
@@ -345,6 +356,15 @@ def test_response_budget_counts_tool_tokens(tiny_tokenizer):
     prefix = tiny_tokenizer.encode(" <result>\n", add_special_tokens=False)
     start = len(tiny_tokenizer.encode("<search>q0</search>", add_special_tokens=False))
     assert t.response_token_ids[start + len(prefix):start + len(prefix) + 3] == body
+
+
+def test_call_closing_at_the_budget_is_not_executed(tiny_tokenizer):
+    search = FakeTool()
+    budget = len(tiny_tokenizer.encode("<search>q0</search>", add_special_tokens=False))
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(1))
+    c = cfg(mode="independent", n=1, max_response_length=budget)
+    t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
+    assert t.finish_reason == "length" and search.calls == [] and len(t.response_token_ids) == budget
 
 
 @pytest.mark.parametrize("text, reason", [("<search> </search>", "empty_call"), ("oops</search>", "empty_call"),
@@ -388,7 +408,8 @@ def test_hermes_garbled_json_continues(tiny_tokenizer):
     t = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
     assert t.tool_calls[0].error and t.tool_calls[0].result.startswith("Error: the tool call is not valid JSON")
     assert search.calls == ["b"] and t.finish_reason == "answer"
-    assert "<|im_start|>user\n<tool_response>\nfound b\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in t.response_text
+    block = "<|im_start|>user\n<tool_response>\nfound b\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert block in t.response_text
 
 
 def test_metrics(tiny_tokenizer):
@@ -419,9 +440,15 @@ def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, monkeypatch, tmp
     assert records[3]["fork_token_index"] == result.groups[0][0].rounds[2].end
     assert records[0]["num_tool_calls"] == 3 and records[0]["step_entropies"] == [1.0] * 4
     console = Console(record=True, width=250)
-    print_rollout(result.groups, result.metrics, console)
+    print_rollout(result.groups, result.metrics, console, "previous")
     text = console.export_text()
     assert "T0 from the prompt" in text
-    assert "T2 forked from T1 after round 2 (token" in text and "P=0.855)" in text
-    assert "T3 forked from T0 after round 3" in text and "P=0.520)" in text
+    assert f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, H=1.000, P=0.855)" in text
+    assert "T3 forked from T0 after round 3's tool result" in text and "P=0.520)" in text
     assert "search('q0')" in text and "rollout/largest_subtree_share" in text
+
+
+def test_prompt_length_is_checked(tiny_tokenizer):
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
+    with pytest.raises(ValueError, match=r"prompt 'p0' has \d+ tokens; it needs 1 to rollout.max_prompt_length=2"):
+        run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(max_prompt_length=2))

@@ -49,5 +49,6 @@ def entropy_adv_scale(entropy: torch.Tensor, mask: torch.Tensor, coef: float, cl
     tokens (release behaviour)."""
     entropy = entropy.detach()
     mean, std = stats if stats is not None else masked_mean_std(entropy, mask)
-    scale = 1 + coef * (entropy - mean) / std
+    slope = coef / std
+    scale = torch.addcmul(1 - mean * slope, entropy, slope)  # 1 + a·(H − mean)/std in one pass
     return scale.clamp(min=0) if clamp else scale

@@ -30,27 +30,32 @@ def get_policy_loss(name: str):
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
                       dual_clip: float | None = None, preserve_low: bool = False,
-                      preserve_high: bool | torch.Tensor = False) -> torch.Tensor:
+                      preserve_high: bool | torch.Tensor = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token loss max(−A·r, −A·clip(r, 1−ε_l, 1+ε_h)), then min(·, −A·c) where A < 0 (§2.3).
 
     A bound marked "preserve" keeps its value but passes gradient: clip(r) is replaced by
     r·sg(clip(r)/r), i.e. (1+ε_h)·r/sg(r) at the upper bound (AEPO §2.3; GPPO §4 for both bounds),
     whose gradient w.r.t. log π is (1+ε_h) instead of 0. ``preserve_high`` may be a bool tensor
     selecting the tokens that get it (AEPO's high-entropy option). Forward values equal PPO's.
+
+    Returns (loss, upper, lower): ``upper`` = A > 0 and r > 1+ε_h (the upper bound is active),
+    ``lower`` = A < 0 and r < 1−ε_l (the lower bound is active).
     """
     low, high = 1.0 - eps_low, 1.0 + eps_high
+    above, below = ratio > high, ratio < low
     clipped = ratio.clamp(low, high)
     preserve = None
     if preserve_high is not False:
-        preserve = ratio > high if preserve_high is True else (ratio > high) & preserve_high
+        preserve = above if preserve_high is True else above & preserve_high
     if preserve_low:
-        preserve = ratio < low if preserve is None else preserve | (ratio < low)
+        preserve = below if preserve is None else preserve | below
     if preserve is not None:
         clipped = torch.where(preserve, ratio * (clipped / ratio).detach(), clipped)
     loss = torch.maximum(-adv * ratio, -adv * clipped)
+    negative = adv < 0
     if dual_clip is not None:
-        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
-    return loss
+        loss = torch.where(negative, torch.minimum(loss, -adv * dual_clip), loss)
+    return loss, above & (adv > 0), below & negative
 
 
 def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy):
@@ -64,29 +69,29 @@ def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
 
 
 def _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra=None):
-    """Aggregate and compute the verl metrics (one host sync for all of them)."""
+    """Aggregate and compute the verl metrics (one host sync for all of them). ``upper``,
+    ``lower``, ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their
+    masked means are plain sums over the token count."""
     loss = agg_loss(loss_mat, mask, loss_agg_mode)
     with torch.no_grad():
+        count = mask.sum().clamp(min=1)
         values = {
             "actor/pg_loss": loss.detach(),
-            "actor/pg_clipfrac": masked_mean(upper.float(), mask),
-            "actor/pg_clipfrac_lower": masked_mean(lower.float(), mask),
-            "actor/ppo_kl": masked_mean(-log_ratio.detach(), mask),
-            **(extra or {}),
+            "actor/pg_clipfrac": upper.sum() / count,
+            "actor/pg_clipfrac_lower": lower.sum() / count,
+            "actor/ppo_kl": -log_ratio.detach().sum() / count,
+            **{name: value.sum() / count for name, value in (extra or {}).items()},
         }
         floats = torch.stack([v.float() for v in values.values()]).tolist()
     return loss, dict(zip(values, floats))
 
 
-def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_low=False,
-               preserve_high=False, extra=None):
-    """Clipped surrogate + its metrics: pg_clipfrac = share of masked tokens with A > 0 and
-    r > 1+ε_h (upper bound active), pg_clipfrac_lower = A < 0 and r < 1−ε_l (lower bound active)."""
-    loss_mat = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
-                                 preserve_low, preserve_high)
-    upper = (adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)
-    lower = (adv < 0) & (ratio < 1.0 - cfg.clip_ratio_low)
-    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra)
+def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False):
+    """The clipped surrogate of ``ppo``/``gppo``/``gspo`` (hard bounds, or both gradient-preserving),
+    aggregated, with its metrics."""
+    loss_mat, upper, lower = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
+                                               preserve_low=preserve_both, preserve_high=preserve_both)
+    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower)
 
 
 @register_policy_loss("ppo", "grpo", "dapo")
@@ -104,7 +109,7 @@ def gppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
     """GPPO (§4): both clip bounds gradient-preserving, (1∓ε)·r/sg(r); dual clip kept."""
     cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
-                      preserve_low=True, preserve_high=True)
+                      preserve_both=True)
 
 
 def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -141,16 +146,12 @@ def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
             stats = entropy_adv.entropy_stats(entropy, mask, "group", index)
         scale = entropy_adv.entropy_adv_scale(entropy, mask, cfg.entropy_adv_coef, cfg.entropy_adv_clamp, stats)
         adv = adv * scale
-    ratio = log_ratio.exp()
-    preserved = (adv > 0) & (ratio > 1.0 + cfg.clip_ratio_high)
-    preserve_high: bool | torch.Tensor = True
-    if quantile is not None:
-        preserve_high = _high_entropy_tokens(entropy, mask, quantile)
-        preserved = preserved & preserve_high
-    extra = {"actor/grad_preserved_frac": masked_mean(preserved.float(), mask),
-             "actor/entropy_adv_scale/mean": masked_mean(scale, mask)}
-    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
-                      preserve_high=preserve_high, extra=extra)
+    preserve_high = True if quantile is None else _high_entropy_tokens(entropy, mask, quantile)
+    loss_mat, upper, lower = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                               cfg.clip_ratio_c, preserve_high=preserve_high)
+    extra = {"actor/grad_preserved_frac": upper if preserve_high is True else upper & preserve_high,
+             "actor/entropy_adv_scale/mean": torch.where(mask, scale, 0.0)}
+    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra)
 
 
 @register_policy_loss("cispo")

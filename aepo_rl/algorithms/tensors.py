@@ -48,18 +48,16 @@ def masked_mean_std(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
     """Mean and unbiased std over masked entries; fewer than two entries or std 0 give std 1."""
     count = mask.sum()
     mean = masked_sum(values, mask) / count.clamp(min=1)
-    var = masked_sum((values - mean) ** 2, mask) / (count - 1).clamp(min=1)
-    std = var.sqrt()
+    centered = torch.where(mask, values - mean, torch.zeros((), dtype=values.dtype, device=values.device))
+    std = (centered.square().sum() / (count - 1).clamp(min=1)).sqrt()
     return mean, torch.where((count > 1) & (std > 0), std, torch.ones_like(std))
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x − mean) / sqrt(var + eps) over masked entries (unbiased var, as verl); 0 under mask 0."""
-    count = mask.sum()
-    mean = masked_sum(values, mask) / count.clamp(min=1)
-    var = masked_sum((values - mean) ** 2, mask) / (count - 1).clamp(min=1)
-    var = torch.where(count > 1, var, torch.ones_like(var))
-    return torch.where(mask, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x − mean) / std over masked entries (unbiased std, as verl's masked_whiten without its
+    1e-8 in the variance; std 0 or a single entry → 1); 0 under mask 0."""
+    mean, std = masked_mean_std(values, mask)
+    return torch.where(mask, (values - mean) / std, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def group_ids(index: Sequence[Hashable] | torch.Tensor, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:

@@ -63,15 +63,21 @@ class HFEngine:
         self._sequences: dict[int, _Sequence] = {}
         self._next_id = 0
         self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
+        self._new_prompts: dict[tuple[int, ...], Context] = {}
+        """Contexts of prompts added since the last generate, by token ids (run at most once)."""
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "prefill_calls": 0, "decode_steps": 0}
 
     # ---------------------------------------------------------------- sequence bookkeeping
     def add_sequence(self, prompt_token_ids: list[int]) -> int:
+        """Register a prompt. Identical prompts added before the next generate share one prefill."""
         if not prompt_token_ids:
             raise ValueError("add_sequence: prompt_token_ids is empty")
+        key = tuple(prompt_token_ids)
+        if key not in self._new_prompts:
+            self._new_prompts[key] = Context(None, 0, list(prompt_token_ids))
         seq_id = self._next_id
         self._next_id += 1
-        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), Context(None, 0, list(prompt_token_ids)))
+        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), self._new_prompts[key])
         return seq_id
 
     def fork(self, seq_id: int) -> int:
@@ -121,6 +127,7 @@ class HFEngine:
         if any(n < 0 for n in max_new_tokens):
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         sequences = [self._get(s) for s in seq_ids]
+        self._new_prompts.clear()
         segments = [Segment([], [], [], [], "length") for _ in seq_ids]
         rows = [_Row(i, n) for i, n in enumerate(max_new_tokens) if n > 0]
         if not rows:
@@ -197,29 +204,24 @@ class HFEngine:
         n_generated = [0] * len(rows)
         active = list(range(len(rows)))  # batch row -> index into rows
         for step in range(max_budget):
-            logprobs, entropy, top10 = token_statistics(logits)
-            tokens = sample_tokens(logits, params, self.generator)
+            logprobs, probs, entropy, top10 = token_statistics(logits)
+            tokens = sample_tokens(logprobs, probs, params, self.generator)
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
             out_tokens[slots, step] = tokens
             out_stats[slots, step] = torch.stack([chosen, entropy, top10], dim=-1)
-            done = (budgets[slots] == step + 1) | stops.eos(tokens) | stops.stop_token(tokens)
-            candidates = stops.text_candidates(tokens)
-            tail_stops = {}
-            if candidates is not None and candidates.any():
-                for b in candidates.nonzero().squeeze(-1).tolist():
-                    tail = out_tokens[active[b], max(0, step + 1 - stops.window):step + 1].tolist()
-                    if (hit := stops.stop_in_tail(tail)) is not None:
-                        tail_stops[b] = hit
-                        done[b] = True
+            done = (budgets[slots] == step + 1) | stops.ends(tokens)
+            tail_stops = _tail_stops(stops, tokens, out_tokens, active, step)
+            for b in tail_stops:
+                done[b] = True
             if done.any():
                 finished = done.nonzero().squeeze(-1).tolist()
                 token_list = tokens.tolist()
-                for b in finished:
+                for b in finished:  # keep each finished row's keys/values, then drop it from the batch
                     i = active[b]
-                    finish[i] = _finish_reason(token_list[b], stops, tail_stops.get(b), step + 1 == rows[i].budget)
+                    finish[i] = _finish_reason(token_list[b], stops, tail_stops.get(b))
                     n_generated[i] = step + 1
                     sequences[i].context = Context(cache.extract_row(b, mask[b, :column].nonzero().squeeze(-1)),
-                                                   int(lengths[b]), [token_list[b]], 1)
+                                                   int(lengths[b]), [token_list[b]], pending_generated=1)
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
@@ -245,7 +247,21 @@ class HFEngine:
             self.counters["decode_tokens"] += n
 
 
-def _finish_reason(token: int, stops: StopMatcher, tail_stop: str | None, at_budget: bool) -> tuple[str, str | None]:
+def _tail_stops(stops: StopMatcher, tokens: torch.Tensor, out_tokens: torch.Tensor, active: list[int],
+                step: int) -> dict[int, str]:
+    """Batch rows whose decoded segment tail now holds a stop string (only rows whose token may end one)."""
+    candidates = stops.text_candidates(tokens)
+    if candidates is None or not candidates.any():
+        return {}
+    hits = {}
+    for b in candidates.nonzero().squeeze(-1).tolist():
+        tail = out_tokens[active[b], max(0, step + 1 - stops.window):step + 1].tolist()
+        if (hit := stops.stop_in_tail(tail)) is not None:
+            hits[b] = hit
+    return hits
+
+
+def _finish_reason(token: int, stops: StopMatcher, tail_stop: str | None) -> tuple[str, str | None]:
     """EOS first, then a stop string (by id or on the text tail), else the budget ran out."""
     if token in stops.eos_ids.tolist():
         return "eos", None

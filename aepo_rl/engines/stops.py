@@ -44,6 +44,7 @@ class StopMatcher:
             if token_id is not None:
                 self.stop_of_id[token_id] = s
         self.stop_ids = torch.tensor(sorted(self.stop_of_id), dtype=torch.long, device=device)
+        self.end_ids = torch.cat([self.eos_ids, self.stop_ids])
         self.window = max((len(s.encode()) for s in stops), default=0) + 1
         self.may_complete = self._tokens_that_may_complete(vocab_size, device) if stops else None
 
@@ -57,11 +58,9 @@ class StopMatcher:
         flags[self.stop_ids] = False  # those are matched by id
         return flags
 
-    def eos(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.isin(tokens, self.eos_ids)
-
-    def stop_token(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.isin(tokens, self.stop_ids)
+    def ends(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Bool [B]: the token is EOS or a single-token stop string."""
+        return torch.isin(tokens, self.end_ids)
 
     def text_candidates(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Bool [B]: rows whose new token could complete a multi-token stop string (None: no stops)."""

@@ -22,17 +22,18 @@ def _short(text: str, width: int = 32) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def _label(traj: Trajectory) -> str:
-    """One line per trajectory: where it forked, its own tool calls, how it ended."""
+def _label(traj: Trajectory, group: list[Trajectory], entropy_segment: str) -> str:
+    """One line per trajectory: where it forked (with the H and P that decided it), its own calls, its end."""
     if traj.parent_id is None:
         head, own = f"[bold]T{traj.traj_id}[/] from the prompt", traj.rounds
     else:
-        shared = [r for r in traj.rounds if r.end <= traj.fork_token_index]
-        fork_round = shared[-1]
-        head = (f"[bold]T{traj.traj_id}[/] forked from T{traj.parent_id} after round {len(shared)} "
-                f"(token {traj.fork_token_index}, H={fork_round.step_entropy:.3f}, "
-                f"P={fork_round.branch_probability:.3f})")
-        own = traj.rounds[len(shared):]
+        k = sum(r.end <= traj.fork_token_index for r in traj.rounds)
+        # §1.2: "latest" decides on the parent's reaction to the result (its round k + 1), "previous" on round k.
+        driver = group[traj.parent_id].rounds[k if entropy_segment == "latest" else k - 1]
+        head = (f"[bold]T{traj.traj_id}[/] forked from T{traj.parent_id} after round {k}'s tool result "
+                f"(token {traj.fork_token_index}, H={driver.step_entropy:.3f}, "
+                f"P={traj.rounds[k - 1].branch_probability:.3f})")
+        own = traj.rounds[k:]
     calls = [f"{r.tool_call.name}({_short(r.tool_call.arg)!r}){' ✗' if r.tool_call.error else ''}"
              for r in own if r.tool_call is not None]
     entropies = ", ".join(f"{r.step_entropy:.2f}" for r in own)
@@ -40,7 +41,7 @@ def _label(traj: Trajectory) -> str:
             f"[cyan]{traj.finish_reason}[/] · {len(traj.response_token_ids)} tokens")
 
 
-def group_tree(group: list[Trajectory]) -> Tree:
+def group_tree(group: list[Trajectory], entropy_segment: str = "latest") -> Tree:
     """A rich tree of one prompt's group: children nested under the trajectory they forked from."""
     roots = sum(t.parent_id is None for t in group)
     tree = Tree(f"[bold]prompt {group[0].prompt_id}[/]: {len(group)} trajectories, {roots} from the prompt, "
@@ -48,7 +49,7 @@ def group_tree(group: list[Trajectory]) -> Tree:
     nodes: dict[int, Tree] = {}
     for traj in group:
         parent = tree if traj.parent_id is None else nodes[traj.parent_id]
-        nodes[traj.traj_id] = parent.add(_label(traj))
+        nodes[traj.traj_id] = parent.add(_label(traj, group, entropy_segment))
     return tree
 
 
@@ -59,9 +60,10 @@ def write_rollouts(groups: list[list[Trajectory]], path: Path) -> None:
             f.write(json.dumps({k: record[k] for k in _RECORD_FIELDS}) + "\n")
 
 
-def print_rollout(groups: list[list[Trajectory]], metrics: dict[str, float], console: Console) -> None:
+def print_rollout(groups: list[list[Trajectory]], metrics: dict[str, float], console: Console,
+                  entropy_segment: str = "latest") -> None:
     for group in groups:
-        console.print(group_tree(group))
+        console.print(group_tree(group, entropy_segment))
     table = Table(title="rollout metrics (§7)")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -93,6 +95,6 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_rollouts(result.groups, out / "rollouts.jsonl")
-    print_rollout(result.groups, result.metrics, console)
+    print_rollout(result.groups, result.metrics, console, cfg.rollout.entropy_segment)
     console.print(f"wrote {sum(map(len, result.groups))} trajectories to {out / 'rollouts.jsonl'}")
     return 0

@@ -62,13 +62,15 @@ def parse_tool_call(text: str, stop: str, fmt: str, tools: dict[str, Tool]) -> T
     try:
         call = json.loads(body)
     except json.JSONDecodeError as err:
-        return ToolCallRequest(None, "?", body, error=f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos}).")
+        error = f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos})."
+        return ToolCallRequest(None, "?", body, error=error)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return ToolCallRequest(None, "?", body, error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
     name = call["name"]
     key = next((k for k, tool in tools.items() if name in (tool.name, k)), None)
     if key is None:
-        return ToolCallRequest(None, name, body, error=f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools.values())}.")
+        available = ", ".join(t.name for t in tools.values())
+        return ToolCallRequest(None, name, body, error=f"Error: unknown tool '{name}'; available: {available}.")
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
         arg = arguments

@@ -132,6 +132,8 @@ class _TreeRollout:
                 request = parse_tool_call(text, seg.stop_string, cfg.tool_format, self.tools)
                 if request is None:
                     self._finish(x, "empty_call")
+                elif len(traj.response_token_ids) >= budget:  # no room left for the result
+                    self._finish(x, "length")
                 elif traj.num_tool_calls >= cfg.call_limit:
                     self._finish(x, "call_limit")
                 else:
@@ -279,8 +281,9 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
     (default ``cfg.seed``) seeds the uniform draws U of §1.4.
     """
     for pid, ids in prompts:
-        if not ids:
-            raise ValueError(f"prompt '{pid}' has no tokens")
+        if not ids or len(ids) > cfg.max_prompt_length:
+            raise ValueError(f"prompt '{pid}' has {len(ids)} tokens; it needs 1 to rollout.max_prompt_length="
+                             f"{cfg.max_prompt_length} (raise that limit or shorten the prompt)")
     n = 1 if validation else cfg.n
     branching = not validation and cfg.mode in ("aepo", "arpo") and n > 1
     tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, validation, sampling),

@@ -290,7 +290,9 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
         if t.hops <= max_hops:
             by_level.setdefault((t.arithmetic, t.hops), []).append(t)
     examples, seen = [], set()
-    while len(examples) < count:
+    for _ in range(100 * count + 1000):
+        if len(examples) == count:
+            return examples
         arithmetic = rng.random() < arithmetic_fraction
         levels = sorted(h for (a, h) in by_level if a == arithmetic)
         template = rng.choice(by_level[(arithmetic, rng.choice(levels))])
@@ -308,7 +310,9 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
             extra_info={"split": split, "template": template.name, "hops": template.hops,
                         "arithmetic": template.arithmetic, "roots": roots,
                         "entities": _chain_entities(world, solution)}))
-    return examples
+    raise ValueError(f"cannot draw {count} distinct {split} questions from {len(world.pool('person', split))} people "
+                     f"with max_hops={max_hops}, arithmetic_fraction={arithmetic_fraction}: ask for fewer questions "
+                     "or allow more hops / a mixed arithmetic share")
 
 
 def _chain_entities(world: World, solution: Solution) -> list[str]:
@@ -429,7 +433,14 @@ class SyntheticTask:
                            for i, (ex, p) in enumerate(zip(questions, pieces))]
         return self._demos
 
-    def _plan(self, example: Example, flawed: bool, rng: random.Random) -> Solution:
+    def demonstrations_for(self, split: str) -> list[Demonstration]:
+        """Error-free teacher trajectories for every question of ``split`` (e.g. held-out SFT metrics)."""
+        tools = self.tools()
+        with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
+            return list(pool.map(lambda ex: Demonstration(ex, teacher_pieces(self._plan(ex, False, None), tools)),
+                                 self.examples(split)))
+
+    def _plan(self, example: Example, flawed: bool, rng: random.Random | None) -> Solution:
         """The teacher's solution; a flawed one is redrawn until its answer is wrong."""
         template = _TEMPLATES[example.extra_info["template"]]
         if not flawed:
@@ -441,8 +452,8 @@ class SyntheticTask:
                 return solution
 
     def texts(self) -> list[str]:
-        """Train-split text only (system prompt, questions, documents, demonstrations), so a
-        tokenizer trained on it has seen no dev/test entity name as a whole."""
+        """Train-side text (system prompt, train questions and documents, demonstrations) for the
+        tokenizer; dev/test names occur in it only as low-ranked pages inside search results."""
         train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
                       if self.world.split_of[d["title"]] == "train"]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]

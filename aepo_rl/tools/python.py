@@ -19,6 +19,7 @@ Isolation is probed once and the strongest working mode is used (``tool.isolatio
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import selectors
@@ -33,6 +34,8 @@ import time
 from pathlib import Path
 
 from aepo_rl.tools.base import argument_error, register_tool
+
+log = logging.getLogger(__name__)
 
 # Executed by the child interpreter before the model's code: limits, network block, last expression.
 RUNNER = r"""
@@ -79,16 +82,18 @@ class PythonSandbox:
     """``<python>code</python>`` → the code's stdout and stderr (or an ``Error: …`` line).
 
     ``run`` never raises. At most ``pool_size`` calls run at once (others wait their turn).
-    ``stats``: calls, errors, timeouts, peak_concurrency.
+    ``stats``: calls, errors, timeouts, peak_concurrency. The defaults sit under the rollout's
+    ``tool_timeout`` (10 s) and match its ``tool_workers`` (8), so the sandbox reports its own
+    timeout before the rollout gives up on the call.
     """
 
     name = "python"
     tag = "python"
     description = "Run Python code in a sandbox; prints its output and the value of a final expression."
 
-    def __init__(self, timeout: float = 10.0, cpu_seconds: int | None = None, memory_mb: int = 512,
+    def __init__(self, timeout: float = 8.0, cpu_seconds: int | None = None, memory_mb: int = 512,
                  max_file_mb: int = 16, max_processes: int = 32, max_output_bytes: int = 8192,
-                 max_code_chars: int = 100_000, pool_size: int = 4, user: str = "nobody",
+                 max_code_chars: int = 100_000, pool_size: int = 8, user: str = "nobody",
                  isolation: str = "auto"):
         if isolation != "auto" and isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_MODES}, got {isolation!r}")
@@ -142,6 +147,7 @@ class PythonSandbox:
             finally:
                 _kill_group(proc)
                 proc.wait()
+                proc.stdout.close()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             shutil.rmtree(staging, ignore_errors=True)
@@ -226,6 +232,9 @@ class PythonSandbox:
         with _PROBE_LOCK:
             if key not in _PROBED:
                 _PROBED[key] = next(mode for mode in _candidate_modes() if self._works(mode))
+                if _PROBED[key] == "none":
+                    log.warning("python sandbox: no namespaces and no user switch available; "
+                                "only Python-level network blocking is active")
         return _PROBED[key]
 
     def _works(self, mode: str) -> bool:
@@ -290,9 +299,13 @@ def _minimal_env(workdir: str) -> dict[str, str]:
 def _feed(stream, data: bytes) -> None:
     try:
         stream.write(data)
-        stream.close()
     except OSError:  # the child exited before reading all of its code
         pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:

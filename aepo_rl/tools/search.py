@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 INDEX_SETTINGS = {"format": 1, "stemmer": "english", "stopwords": "english", "fields": "title+text"}
 """Everything besides the corpus that shapes the index; a cached index with other settings is rebuilt."""
+SETTINGS_FILE = "aepo_index_settings.json"
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,18 @@ class SearchIndex:
         self.folder = Path(cache_dir).expanduser() / "search" / self.sha256
         self._stemmer = Stemmer.Stemmer(INDEX_SETTINGS["stemmer"])
         self._lock = threading.Lock()
-        self.loaded_from_cache = self._settings_file().is_file() and json.loads(self._settings_file().read_text()) == INDEX_SETTINGS
-        if self.loaded_from_cache:
-            self._retriever = bm25s.BM25.load(str(self.folder), show_progress=False)
-        else:
+        self.loaded_from_cache = False
+        settings = self.folder / SETTINGS_FILE
+        if settings.is_file() and json.loads(settings.read_text()) == INDEX_SETTINGS:
+            try:
+                self._retriever = bm25s.BM25.load(str(self.folder), show_progress=False)
+                self.loaded_from_cache = True
+            except (OSError, ValueError) as err:
+                log.warning("search index cache %s is unreadable (%s); rebuilding it", self.folder, err)
+        if not self.loaded_from_cache:
             self._retriever = bm25s.BM25()
-            self._retriever.index(self._tokenize([f"{d['title']}\n{d['text']}" for d in docs], ids=True), show_progress=False)
+            texts = [f"{d['title']}\n{d['text']}" for d in docs]
+            self._retriever.index(self._tokenize(texts, ids=True), show_progress=False)
             self._save()
 
     @classmethod
@@ -85,15 +92,17 @@ class SearchIndex:
         return bm25s.tokenize(texts, stopwords=INDEX_SETTINGS["stopwords"], stemmer=self._stemmer,
                               return_ids=ids, show_progress=False)
 
-    def _settings_file(self) -> Path:
-        return self.folder / "aepo_index_settings.json"
-
     def _save(self) -> None:
-        """Write the index to a temporary folder, then rename it into place (atomic; races are harmless)."""
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{self.sha256}.", dir=self.folder.parent))
-        self._retriever.save(str(staging), show_progress=False)
-        (staging / self._settings_file().name).write_text(json.dumps(INDEX_SETTINGS))
+        """Write the index to a temporary folder, then rename it into place (atomic; races are
+        harmless). An unwritable cache only costs a rebuild next time."""
+        try:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{self.sha256}.", dir=self.folder.parent))
+            self._retriever.save(str(staging), show_progress=False)
+            (staging / SETTINGS_FILE).write_text(json.dumps(INDEX_SETTINGS))
+        except OSError as err:
+            log.warning("cannot cache the search index under %s: %s", self.folder.parent, err)
+            return
         shutil.rmtree(self.folder, ignore_errors=True)
         try:
             os.rename(staging, self.folder)
@@ -135,7 +144,10 @@ class RetrievalClient:
                 response = self._http.post(self.url, json=payload)
                 if response.status_code < 500:
                     response.raise_for_status()
-                    return [[_parse_hit(item) for item in row] for row in response.json()["result"]]
+                    rows = response.json()["result"]
+                    if len(rows) != len(queries):
+                        raise SearchUnavailable(f"{self.url} answered {len(rows)} result lists for {len(queries)} queries")
+                    return [[_parse_hit(item) for item in row] for row in rows]
                 problem = f"HTTP {response.status_code}"
             except (httpx.TransportError, httpx.TimeoutException) as err:
                 problem = f"{type(err).__name__}: {err}"

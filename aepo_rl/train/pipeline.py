@@ -33,7 +33,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from aepo_rl.config import Config, from_dict, to_dict, to_yaml
+from aepo_rl.config import Config, ConfigError, from_dict, to_dict, to_yaml
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
@@ -56,19 +56,18 @@ def train_main(cfg: Config | None, resume: str | None = None) -> int:
         run_dir = new_run_dir(cfg)
         ckpt.atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
         console.print(f"[bold]run folder[/] {run_dir}")
-    task = _get_task(cfg)
     t_start = time.perf_counter()
-
-    init_model_dir = run_sft_stage(cfg, run_dir, task=task)
-    results = _read_json(run_dir / "eval.json")
-    if "sft" not in results:
-        results["sft"] = evaluate_model(cfg, init_model_dir, task)
-        ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
-
     try:
+        task = _get_task(cfg)
+        init_model_dir = run_sft_stage(cfg, run_dir, task=task)
+        results = _read_json(run_dir / "eval.json")
+        if "sft" not in results:
+            results["sft"] = evaluate_model(cfg, init_model_dir, task)
+            ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
         results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
-    except RunInterrupted as stop:
-        console.print(f"[yellow]stopped after step {stop.step}; continue with: aepo train --resume {run_dir}[/]")
+    except KeyboardInterrupt as stop:  # RunInterrupted (RL saved its last step) or Ctrl-C in SFT/eval
+        where = f"after RL step {stop.step}" if isinstance(stop, RunInterrupted) else "before RL finished"
+        console.print(f"[yellow]stopped {where}; continue with: aepo train --resume {run_dir}[/]")
         return 130
     write_plots(run_dir)
     console.print(before_after_table(results))
@@ -109,7 +108,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
     if (sft_dir / "config.json").is_file():
         console.print(f"SFT model found: {sft_dir}")
         return str(sft_dir)
-    from aepo_rl.train.sft import run_sft
+    from aepo_rl.train.sft import dev_demonstrations, run_sft
 
     task = task or _get_task(cfg)
     model, tokenizer = load_policy(cfg, task)
@@ -120,7 +119,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
             raise ValueError(f"task {task.name!r} has no demonstrations for cold-start SFT; set sft.epochs=0 "
                              "and model.path to a model that already follows the tool protocol")
         console.print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations, {cfg.sft.epochs} epochs")
-        metrics = run_sft(cfg, model, tokenizer, demonstrations)
+        metrics = run_sft(cfg, model, tokenizer, demonstrations, dev_demonstrations(task))
     ckpt.atomic_write_text(Path(run_dir) / "sft_metrics.json", json.dumps(metrics, indent=2, default=float))
     save_policy(model, tokenizer, sft_dir)
     return str(sft_dir)
@@ -146,6 +145,9 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     from aepo_rl.rollout import tree
     from aepo_rl.train.rl import RLTrainer
 
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs rollout.engine=hf, "
+                          "whose engine shares the policy's weights (a server would keep sampling the old policy)")
     run_dir = Path(run_dir)
     checkpoint_dir = run_dir / "checkpoints"
     ckpt.remove_partial_checkpoints(checkpoint_dir)

@@ -9,8 +9,9 @@ One RL step (:meth:`RLTrainer.step`):
    are all equal and refills from the next prompts (§4);
 4. training tensors straight from the trajectories' token ids (token-in, token-out), right-padded;
    loss mask from ``traj.loss_mask`` (tool-result tokens 0);
-5. old log-probs and entropies: one no-grad forward of the rollout policy; the reference model's
-   log-probs only when a KL term is on;
+5. old log-probs and entropies: one batched no-grad forward of the rollout policy (skipped for the
+   first mini-batch when nothing needs them before the update: that mini-batch is on-policy, so its
+   own training forward, detached, is π_old); the reference model's log-probs only when a KL term is on;
 6. token-level rewards: the (overlong-shaped, §4) score on the last trained response token, minus
    ``kl_coef`` × KL when the KL goes in the reward (REINFORCE++, §4);
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from aepo_rl import algorithms
-from aepo_rl.config import Config
+from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
@@ -165,13 +166,20 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch: Batch, micro_batch_size: int, bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad log-probs and entropies of every row, micro-batch by micro-batch."""
+def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` sorted by sequence length, so each micro-batch holds similar lengths (less padding)."""
+    return rows[torch.argsort(batch.sequence_lengths[rows], stable=True)]
+
+
+@torch.no_grad()
+def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: int, bf16: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad log-probs and entropies of ``rows`` ([B, R] tensors, zero elsewhere), micro-batch by micro-batch."""
     was_training = model.training
     model.eval()
     log_probs, entropies = torch.zeros_like(batch.response_mask), torch.zeros_like(batch.response_mask)
-    for rows in torch.split(torch.arange(batch.num_rows), micro_batch_size):
-        log_probs[rows], entropies[rows] = response_logprobs(model, batch.rows(rows), bf16=bf16)
+    for micro in torch.split(by_length(batch, rows), micro_batch_size):
+        log_probs[micro], entropies[micro] = response_logprobs(model, batch.rows(micro), bf16=bf16)
     model.train(was_training)
     return log_probs, entropies
 
@@ -211,7 +219,7 @@ def anchor_keys(trajectories: list[Trajectory], group_index: list[int], response
             digest.update(np.asarray(traj.response_token_ids[hashed_up_to:start], dtype=np.int64).tobytes())
             hashed_up_to = start
             key = int.from_bytes(digest.copy().digest(), "little") & (2**63 - 1)
-            end = starts[k + 1] if k + 1 < len(starts) else response_length
+            end = starts[k + 1] if k + 1 < len(starts) else len(traj.response_token_ids)
             keys[row, start:end] = key
     return keys
 
@@ -231,10 +239,14 @@ class Targets:
 
 
 def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targets, cfg: Config,
-                         policy_loss) -> dict[str, float]:
+                         policy_loss, *, on_policy: bool = False) -> dict[str, float]:
     """Backpropagate the loss of mini-batch ``rows`` micro-batch by micro-batch; returns its metrics.
 
-    Each micro-batch loss is weighted by its share of the mini-batch's aggregation units (tokens
+    ``on_policy``: the policy has not moved since the rollout (first mini-batch of the first PPO
+    epoch), so π_old is this very forward, detached; it and H_old are written into ``targets``
+    for later PPO epochs. This saves the old-log-prob pass over those rows.
+
+    Micro-batches hold rows of similar length. Each micro-batch loss is weighted by its share of the mini-batch's aggregation units (tokens
     for token-mean, sequences for the seq-mean modes), so the accumulated gradient equals the
     gradient of the loss over the whole mini-batch while memory is bounded by the micro-batch.
     Loss = policy loss (§2.3, §4) − entropy_coeff·agg(H) + kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
@@ -247,6 +259,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     """
     algo = cfg.algorithm
     mask = batch.response_mask
+    rows = by_length(batch, rows)
     units = _agg_units(mask[rows], algo.loss_agg_mode).clamp(min=1)
     stats = None
     if algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0:
@@ -260,6 +273,8 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
         log_probs, entropy = response_logprobs(model, batch.rows(micro), bf16=cfg.trainer.bf16,
                                                entropy_grad=algo.entropy_coeff > 0)
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
+        if on_policy:
+            targets.old_log_probs[micro], targets.old_entropy[micro] = log_probs.detach(), entropy.detach()
         loss, loss_metrics = policy_loss(
             targets.old_log_probs[micro], log_probs, targets.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo, entropy=entropy.detach(), entropy_stats=micro_stats,
@@ -270,7 +285,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             kl = algorithms.kl_penalty(log_probs, targets.ref_log_probs[micro], algo.kl_loss_type)
             kl_loss = algorithms.agg_loss(kl, micro_mask, algo.loss_agg_mode)
             loss = loss + algo.kl_loss_coef * kl_loss
-            loss_metrics["actor/kl_loss"] = float(kl_loss)
+            loss_metrics["actor/kl_loss"] = float(kl_loss.detach())
         (loss * share).backward()
         loss_metrics["actor/entropy"] = _masked_mean(entropy.detach(), micro_mask)
         for key, value in loss_metrics.items():
@@ -316,6 +331,9 @@ class RLTrainer:
     """Policy, optimizer, data order and reference model of one RL run; :meth:`step` is one RL step."""
 
     def __init__(self, cfg: Config, model, tokenizer, task: Task, engine, *, ref_model=None):
+        if cfg.algorithm.overlong_buffer_len > cfg.rollout.max_response_length:
+            raise ConfigError(f"algorithm.overlong_buffer_len={cfg.algorithm.overlong_buffer_len} must be <= "
+                              f"rollout.max_response_length={cfg.rollout.max_response_length}")
         self.cfg, self.model, self.tokenizer, self.task, self.engine = cfg, model, tokenizer, task, engine
         self.examples = task.examples("train")
         if not self.examples:
@@ -394,17 +412,29 @@ class RLTrainer:
         mask = batch.response_mask
         metrics: dict[str, float] = {}
 
-        # Old policy = the rollout policy: one batched no-grad forward (log π_old, H_old).
+        # Mini-batches of whole prompt groups, for every PPO epoch.
+        mini_batches = [[torch.cat([torch.nonzero(batch.group_index == g).flatten()
+                                    for g in order[start:start + cfg.trainer.mini_batch_size]])
+                         for start in range(0, len(groups), cfg.trainer.mini_batch_size)]
+                        for order in (self._group_order(len(groups), e) for e in range(cfg.trainer.ppo_epochs))]
+
+        # Old policy = the rollout policy: one batched no-grad forward (log π_old, H_old). The first
+        # mini-batch of the first epoch is on-policy, so its training forward provides them, unless
+        # they are needed before the update (KL in the reward; mini-batch/group entropy statistics).
+        needs_old_entropy = (algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0
+                             and algo.entropy_adv_scope != "micro-batch")
+        reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
+        needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
+        if reuse_first:
+            needs_old_pass[mini_batches[0][0]] = False
         t0 = time.perf_counter()
-        old_log_probs, old_entropy = batched_logprobs(self.model, batch, cfg.trainer.micro_batch_size, cfg.trainer.bf16)
+        old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
+                                                      cfg.trainer.micro_batch_size, cfg.trainer.bf16)
         ref_log_probs = None
         if self.kl_on:
-            ref_log_probs, _ = batched_logprobs(self.ref_model, batch, cfg.trainer.micro_batch_size, cfg.trainer.bf16)
+            ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows),
+                                                cfg.trainer.micro_batch_size, cfg.trainer.bf16)
         metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
-        rollout_log_probs = torch.zeros_like(mask)
-        for i, traj in enumerate(trajectories):
-            rollout_log_probs[i, :len(traj.logprobs)] = torch.tensor(traj.logprobs)
-        metrics["rollout/logprob_abs_diff"] = _masked_mean((old_log_probs - rollout_log_probs).abs(), mask)
 
         # Rewards (§3, §4): score, DAPO overlong shaping, KL in the reward.
         scores = torch.tensor([s for g in groups for s in g.scores])
@@ -433,17 +463,15 @@ class RLTrainer:
 
         targets = Targets(old_log_probs, old_entropy, advantages, ref_log_probs)
 
-        # PPO epochs × mini-batches of whole prompt groups × micro-batches of sequences.
+        # PPO epochs × mini-batches × micro-batches.
         t0 = time.perf_counter()
         self.model.train()
         sums: dict[str, float] = {}
         optimizer_steps, trained_tokens = 0, 0
-        for epoch in range(cfg.trainer.ppo_epochs):
-            group_order = self._group_order(len(groups), epoch)
-            for start in range(0, len(groups), cfg.trainer.mini_batch_size):
-                rows = torch.cat([torch.nonzero(batch.group_index == g).flatten()
-                                  for g in group_order[start:start + cfg.trainer.mini_batch_size]])
-                step_metrics = self.optimizer_step(batch, rows, targets)
+        for epoch, epoch_mini_batches in enumerate(mini_batches):
+            for index, rows in enumerate(epoch_mini_batches):
+                on_policy = reuse_first and epoch == 0 and index == 0
+                step_metrics = self.optimizer_step(batch, rows, targets, on_policy=on_policy)
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                 optimizer_steps += 1
@@ -451,7 +479,11 @@ class RLTrainer:
         self.model.eval()
         metrics.update({key: value / optimizer_steps for key, value in sums.items()})
         metrics["timing_s/update"] = time.perf_counter() - t0
-        metrics["train/tokens_per_s"] = trained_tokens / metrics["timing_s/update"]
+        metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
+        rollout_log_probs = torch.zeros_like(mask)
+        for i, traj in enumerate(trajectories):
+            rollout_log_probs[i, :len(traj.logprobs)] = torch.tensor(traj.logprobs)
+        metrics["rollout/logprob_abs_diff"] = _masked_mean((targets.old_log_probs - rollout_log_probs).abs(), mask)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
         metrics["critic/rewards/mean"] = float((token_rewards * mask).sum(1).mean())
@@ -461,10 +493,12 @@ class RLTrainer:
         self.last_rollout = self._rollout_records(trajectories, scores, advantages, mask)
         return metrics
 
-    def optimizer_step(self, batch: Batch, rows: torch.Tensor, targets: Targets) -> dict[str, float]:
+    def optimizer_step(self, batch: Batch, rows: torch.Tensor, targets: Targets, *, on_policy: bool
+                       ) -> dict[str, float]:
         """One mini-batch: accumulate its gradient over micro-batches, clip, AdamW step (§2.4)."""
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = accumulate_gradients(self.model, batch, rows, targets, self.cfg, self.policy_loss)
+        metrics = accumulate_gradients(self.model, batch, rows, targets, self.cfg, self.policy_loss,
+                                       on_policy=on_policy)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.trainer.grad_clip))
         if math.isfinite(grad_norm):

@@ -90,16 +90,28 @@ def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], floa
     return multiplier
 
 
-def masked_lm_loss(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token-mean next-token cross-entropy over loss-masked targets; also (argmax hits, trained-token count)."""
+def trained_logits(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [N, V] (fp32) at the N positions whose next token is trained, and those targets [N].
+
+    Only these positions go through the LM head (output embeddings): most tokens of a
+    demonstration are prompt or tool result, so this skips most of the head's work and the
+    full-vocabulary softmax. (For LMs whose head is exactly ``get_output_embeddings()``: Qwen,
+    Llama, SmolLM, Mistral, GPT-2 …)
+    """
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the LM
+    predicts_trained = batch["loss_mask"][:, 1:].bool()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
-    token_ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
-    count = mask.sum()
-    loss = (token_ce * mask).sum() / count.clamp(min=1)
-    hits = ((logits.argmax(-1) == targets).float() * mask).sum()
-    return loss, hits.detach(), count
+        hidden = lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        logits = lm.get_output_embeddings()(hidden[:, :-1][predicts_trained])
+    return logits.float(), batch["input_ids"][:, 1:][predicts_trained]
+
+
+def masked_lm_loss(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean next-token cross-entropy over trained targets; also the trained-token count."""
+    logits, targets = trained_logits(model, batch, bf16)
+    if not len(targets):  # every sequence was truncated before its first trained token
+        return logits.sum() * 0.0, torch.tensor(0)
+    return F.cross_entropy(logits, targets), torch.tensor(len(targets))
 
 
 @torch.no_grad()
@@ -117,18 +129,17 @@ def token_accuracy(model, samples: list[SFTSample], tokenizer, batch_size: int, 
     hits = count = answers_right = answers = 0
     for start in range(0, len(samples), batch_size):
         batch = collate(samples[start:start + batch_size], tokenizer.pad_token_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:]
-        right = logits.argmax(-1) == targets
-        hits += int((right.float() * mask).sum())
+        logits, targets_flat = trained_logits(model, batch, bf16)
+        targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:].bool()
+        right = torch.zeros_like(mask)
+        right[mask] = logits.argmax(-1) == targets_flat
+        hits += int(right.sum())
         count += int(mask.sum())
         if open_id is None or close_id is None:
             continue
-        # answer span in target coordinates: targets after the <answer> target, through </answer>
-        after_open = (targets == open_id).long().cumsum(1) - (targets == open_id).long() > 0
-        through_close = (targets == close_id).long().cumsum(1) - (targets == close_id).long() == 0
-        span = after_open & through_close & mask.bool()
+        # answer span in target coordinates: after the <answer> target, through the first </answer>
+        is_open, is_close = (targets == open_id).long(), (targets == close_id).long()
+        span = (is_open.cumsum(1) - is_open > 0) & (is_close.cumsum(1) - is_close == 0) & mask
         has_span = span.any(1)
         answers += int(has_span.sum())
         answers_right += int((has_span & (right | ~span).all(1)).sum())
@@ -175,7 +186,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
         for epoch in range(sft.epochs):
             for batch_samples in batches_for_epoch(samples, sft.batch_size, rng):
                 batch = collate(batch_samples, tokenizer.pad_token_id)
-                loss, _, count = masked_lm_loss(trainee, batch, cfg.trainer.bf16)
+                loss, count = masked_lm_loss(trainee, batch, cfg.trainer.bf16)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip)
@@ -208,29 +219,29 @@ def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     from rich.console import Console
 
     from aepo_rl.config import to_yaml
+    from aepo_rl.evaluate import print_results
     from aepo_rl.models import load_policy, save_policy
     from aepo_rl.tasks import get_task
+    from aepo_rl.train.checkpoint import atomic_write_text
 
     console = Console()
     out = Path(out_dir or Path(cfg.trainer.run_dir) / f"sft-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
+    atomic_write_text(out / "config.yaml", to_yaml(cfg))
     task = get_task(cfg)
     model, tokenizer = load_policy(cfg, task)
     console.print(f"[bold]SFT[/] {task.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
                   f"{len(tokenizer)} tokens vocabulary")
     metrics = run_sft(cfg, model, tokenizer, task.demonstrations(), dev_demonstrations(task))
     checkpoint = save_policy(model, tokenizer, out / "checkpoints" / "sft")
-    _write_json(out / "sft_metrics.json", metrics)
+    atomic_write_text(out / "sft_metrics.json", json.dumps(metrics, indent=1))
     console.print(f"final loss {metrics['final_loss']:.4f}, {metrics['tokens_per_s']:.0f} tok/s, "
                   f"{metrics['time_s']:.0f} s" + "".join(f", {k} {v:.3f}" for k, v in metrics.items()
                                                           if k.startswith("dev/")))
     console.print(f"checkpoint: {checkpoint}")
     results = evaluate_policy(cfg, model, tokenizer, task)
-    _write_json(out / "eval.json", {"sft": results})
-    for name, row in results.items():
-        console.print(f"{name}: pass@1 {row['pass@1']:.3f}, pass@{row['k']} {row['pass@k']:.3f} "
-                      f"({row['num_questions']} questions)")
+    atomic_write_text(out / "eval.json", json.dumps({"sft": results}, indent=1))
+    print_results(results, title=f"cold-start SFT model on {task.name}/{cfg.eval.split}")
     return 0
 
 
@@ -241,17 +252,9 @@ def dev_demonstrations(task) -> list[Demonstration]:
 
 
 def evaluate_policy(cfg: Config, model, tokenizer, task) -> dict[str, dict]:
-    """pass@1 / pass@k on ``cfg.eval.split`` (G1's evaluator), keyed ``"<task>/<split>"``."""
+    """pass@1 / pass@k on ``cfg.eval.split`` (G1's evaluator): ``{"<task>/<split>": metrics}``."""
     from aepo_rl.engines import build_engine
     from aepo_rl.evaluate import evaluate
 
-    split = cfg.eval.split
-    examples = task.examples(split)[:cfg.eval.num_questions]
-    engine = build_engine(cfg, model, tokenizer)
-    return {f"{task.name}/{split}": evaluate(engine, task, examples, cfg, split)}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    examples = task.examples(cfg.eval.split)[:cfg.eval.num_questions]
+    return evaluate(build_engine(cfg, model, tokenizer), task, examples, cfg, cfg.eval.split)

@@ -1,0 +1,132 @@
+"""Training throughput of the RL update step vs a bare forward+backward+AdamW loop (issue 5, speed).
+
+Both sides train the same tiny default model (``model.tiny_*``) on the same rollout batch:
+``trainer.batch_size`` prompts × ``rollout.n`` trajectories with ~PROMPT_LEN prompt tokens and
+~RESPONSE_LEN response tokens, a quarter of them tool-result tokens (loss mask 0). The RL side is
+``RLTrainer.update`` (old log-probs pass, advantages, the aepo loss over mini/micro-batches, AdamW with
+clipping); the bare side runs masked cross-entropy over the same micro-batches with one AdamW step
+per mini-batch. Prints tokens/s of each, side by side, and finally ``ratio train/bare: <value>``.
+
+    python benchmarks/bench_train.py [--repeats 3] [dotted config overrides, e.g. trainer.bf16=true]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from aepo_rl.config import load_config
+from aepo_rl.rollout.trajectory import Round, Trajectory
+from aepo_rl.tasks.base import Example
+from aepo_rl.train.rl import RLTrainer, ScoredGroup, by_length, collate
+
+PROMPT_LEN, RESPONSE_LEN = 96, 192
+
+
+class _NoTask:
+    """The update step needs no task: one placeholder example, no tools."""
+
+    name = "bench"
+
+    def examples(self, split):
+        return [Example(id="q", question="q", answers=["a"], data_source="bench", messages=[])]
+
+    def tools(self):
+        return {}
+
+
+def rollout_batch(cfg, vocab_size: int, seed: int = 0) -> list[ScoredGroup]:
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for prompt_index in range(cfg.trainer.batch_size):
+        prompt = torch.randint(0, vocab_size, (PROMPT_LEN,), generator=g).tolist()
+        trajectories = []
+        for traj_id in range(cfg.rollout.n):
+            length = int(torch.randint(RESPONSE_LEN // 2, RESPONSE_LEN + 1, (1,), generator=g))
+            response = torch.randint(0, vocab_size, (length,), generator=g).tolist()
+            tool_start, tool_end = length // 3, length // 3 + length // 4
+            mask = [0 if tool_start <= i < tool_end else 1 for i in range(length)]
+            trajectories.append(Trajectory(
+                prompt_id=f"p{prompt_index}", traj_id=traj_id, parent_id=None, fork_token_index=None,
+                prompt_token_ids=prompt, response_token_ids=response, loss_mask=mask,
+                logprobs=[0.0] * length, entropies=[0.0] * length,
+                rounds=[Round(0, tool_start, 0.0), Round(tool_end, length, 0.0)]))
+        scores = torch.rand(cfg.rollout.n, generator=g).tolist()
+        groups.append(ScoredGroup(_NoTask().examples("train")[0], trajectories, scores))
+    return groups
+
+
+def bare_update(model, optimizer, batch, cfg) -> None:
+    """Masked next-token cross-entropy over the same (length-sorted) micro-batches, one AdamW step per mini-batch."""
+    rows_per_mini = cfg.trainer.mini_batch_size * cfg.rollout.n
+    model.train()
+    for mini in torch.split(torch.arange(batch.num_rows), rows_per_mini):
+        optimizer.zero_grad(set_to_none=True)
+        tokens = batch.response_mask[mini].sum()
+        for micro in torch.split(by_length(batch, mini), cfg.trainer.micro_batch_size):
+            sub = batch.rows(micro)
+            labels = torch.full_like(sub.input_ids, -100)
+            for i in range(len(micro)):
+                p = int(sub.prompt_lengths[i])
+                n = int(sub.sequence_lengths[i]) - p
+                labels[i, p:p + n] = torch.where(sub.response_mask[i, :n] > 0, sub.responses[i, :n], -100)
+            logits = model(input_ids=sub.input_ids, use_cache=False).logits[:, :-1].float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     labels[:, 1:].reshape(-1), reduction="sum") / tokens
+            loss.backward()
+        optimizer.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    cfg = load_config("aepo", overrides=args.overrides)
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    m = cfg.model
+    config = Qwen3Config(vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size,
+                         intermediate_size=m.tiny_intermediate_size, num_hidden_layers=m.tiny_num_layers,
+                         num_attention_heads=m.tiny_num_heads, num_key_value_heads=m.tiny_num_kv_heads,
+                         head_dim=m.tiny_head_dim, max_position_embeddings=m.tiny_max_positions,
+                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=1)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tokenizer = type("Tok", (), {"pad_token_id": 0})()
+    groups = rollout_batch(cfg, m.tiny_vocab_size)
+    batch = collate([t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories], 0)
+    tokens = int(batch.sequence_lengths.sum())
+    print(f"model {sum(p.numel() for p in base.parameters()) / 1e6:.2f}M params, {batch.num_rows} sequences, "
+          f"{tokens} tokens ({int(batch.response_mask.sum())} trained), mini-batch {cfg.trainer.mini_batch_size} "
+          f"prompts, micro-batch {cfg.trainer.micro_batch_size} sequences, bf16 {cfg.trainer.bf16}, "
+          f"{torch.get_num_threads()} threads")
+
+    ours_model, bare_model = copy.deepcopy(base), copy.deepcopy(base)
+    trainer = RLTrainer(cfg, ours_model, tokenizer, _NoTask(), engine=None)
+    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.trainer.bf16)
+    ours, bare = [], []
+    for repeat in range(args.repeats + 1):  # the first round warms up both sides
+        t0 = time.perf_counter()
+        trainer.update(groups)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with autocast:
+            bare_update(bare_model, bare_optimizer, batch, cfg)
+        t_bare = time.perf_counter() - t0
+        if repeat:
+            ours.append(tokens / t_ours)
+            bare.append(tokens / t_bare)
+            print(f"round {repeat}: RL update {ours[-1]:8.0f} tok/s | bare loop {bare[-1]:8.0f} tok/s")
+    ours_tps, bare_tps = statistics.median(ours), statistics.median(bare)
+    print(f"median: RL update {ours_tps:.0f} tok/s, bare forward+backward+AdamW {bare_tps:.0f} tok/s")
+    print(f"ratio train/bare: {ours_tps / bare_tps:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""User data (verl parquet / JSONL), evaluation sets, reasoning-gym, and get_task dispatch."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aepo_rl.config import ConfigError, load_config
+from aepo_rl.tasks import get_task
+from aepo_rl.tasks.common import SYSTEM_PROMPT, system_prompt
+from aepo_rl.tasks.loaders import DatasetError, default_reward, eval_set_name, load_examples, read_rows
+
+VERL_ROW = {"data_source": "hotpotqa", "prompt": [{"role": "user", "content": "Who wrote Velmora?"}],
+            "ability": "qa", "reward_model": {"style": "rule", "ground_truth": ["Ada Korrin", "A. Korrin"]},
+            "extra_info": {"index": 7}}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_verl_jsonl_row(tmp_path):
+    (example,) = load_examples([write_jsonl(tmp_path / "train.jsonl", [VERL_ROW])], "train")
+    assert example.question == "Who wrote Velmora?"
+    assert example.answers == ["Ada Korrin", "A. Korrin"]
+    assert example.data_source == "hotpotqa" and example.ability == "qa" and example.extra_info == {"index": 7}
+    assert example.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}  # protocol prompt added
+    assert example.id == "train-train-0"
+
+
+def test_verl_parquet_keeps_its_own_system_prompt(tmp_path):
+    row = {**VERL_ROW, "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}],
+           "reward_model": {"style": "rule", "ground_truth": "42"}}
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist([row, row]), path)
+    examples = load_examples([str(path)], "val")
+    assert len(examples) == 2 and examples[1].id == "data-val-1"
+    assert examples[0].messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}]
+    assert examples[0].answers == ["42"]
+
+
+def test_question_answer_rows_use_the_tools_of_the_set(tmp_path):
+    path = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "2+2?", "answer": "4"}])
+    (example,) = load_examples([path], "test", tools=("python",))
+    assert example.messages[0]["content"] == system_prompt(("python",)) and "<search>" not in example.messages[0]["content"]
+    assert example.data_source == "gsm8k" and example.answers == ["4"]
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [VERL_ROW, "", '{"question": "x", ', VERL_ROW])
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:3: not valid JSON"):
+        read_rows(path)
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:1: expected a JSON object"):
+        read_rows(write_jsonl(tmp_path / "bad.jsonl", ["[1, 2]"]))
+    with pytest.raises(DatasetError, match="does not exist"):
+        read_rows(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"prompt": VERL_ROW["prompt"], "reward_model": {"style": "rule"}}, "reward_model.ground_truth"),
+    ({"prompt": VERL_ROW["prompt"]}, "reward_model.ground_truth"),
+    ({"question": "Q?"}, "answer"),
+    ({"answer": "A"}, "question"),
+])
+def test_missing_field_names_field_and_row(tmp_path, row, field):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"question": "ok", "answer": "ok"}, row])
+    with pytest.raises(DatasetError, match=rf"rows\.jsonl row 1: missing field '{field}'"):
+        load_examples([path], "train")
+
+
+def test_prompt_must_be_chat_messages(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{**VERL_ROW, "prompt": "just text"}])
+    with pytest.raises(DatasetError, match="row 0: field 'prompt' must be a list"):
+        load_examples([path], "train")
+
+
+def test_file_task_splits_reward_and_correct(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [VERL_ROW])
+    val = write_jsonl(tmp_path / "val.jsonl", [{"question": "Who?", "answer": ["Ada Korrin"]}])
+    task = get_task(load_config(overrides={"task.name": "file", "task.train_files": [train], "task.val_files": [val]}))
+    assert [e.question for e in task.examples("train")] == ["Who wrote Velmora?"]
+    assert task.examples("test") == task.examples("dev") == task.examples("val")
+    example = task.examples("test")[0]
+    assert task.reward(example, "<answer>\\boxed{Ada Korrin Smith}</answer>") == pytest.approx(0.8)
+    assert task.correct(example, "<answer>\\boxed{ada korrin}</answer>")
+    assert not task.correct(example, "<answer>\\boxed{Ada Korrin Smith}</answer>")
+    assert task.demonstrations() == [] and "Who wrote Velmora?" in task.texts()
+    with pytest.raises(ValueError, match="task.corpus"):
+        task.tools()  # search needs a corpus or a server
+
+
+def test_eval_set_defaults(tmp_path):
+    val = write_jsonl(tmp_path / "aime.jsonl", [{"question": "1/2 + 1/2?", "answer": "1"}])
+    task = get_task(load_config(overrides={"task.name": "aime24", "task.val_files": [val]}))
+    assert task.reward_name == "math" and task.allowed_tools == ("python",)
+    assert task.correct(task.examples("test")[0], "<answer>\\boxed{\\frac{2}{2}}</answer>")
+    overridden = get_task(load_config(overrides={"task.name": "aime24", "task.val_files": [val], "task.reward": "exact_match"}))
+    assert overridden.reward_name == "exact_match"
+    assert default_reward("HotpotQA") == "deep_research" and default_reward("aime_2025") == "math"
+    assert eval_set_name("2WikiMultihopQA") == "2wiki" and eval_set_name("my_data") is None
+    with pytest.raises(DatasetError, match="task.val_files"):
+        get_task(load_config(overrides={"task.name": "gaia"}))
+
+
+def test_reasoning_gym_task_uses_the_generator_checker():
+    cfg = load_config(overrides={"task.name": "reasoning_gym:basic_arithmetic", "task.num_train": 4,
+                                 "task.num_dev": 2, "task.num_test": 3})
+    task = get_task(cfg)
+    example = task.examples("test")[0]
+    assert len(task.examples("test")) == 3 and example.messages[1]["content"] == example.question
+    right = f"<python>{example.question}</python> <result>\nx\n</result> <answer>\\boxed{{{example.answers[0]}}}</answer>"
+    assert task.reward(example, right) == 1.0 and task.correct(example, right)
+    wrong = f"<answer>\\boxed{{{example.answers[0]}1}}</answer>"
+    assert task.reward(example, wrong) < 1.0 and not task.correct(example, wrong)  # the checker may give partial credit
+    assert task.reward(example, f"\\boxed{{{example.answers[0]}}}") == -1.0  # no <answer> block
+    assert task.examples("train")[0].question != task.examples("test")[0].question
+
+
+def test_unknown_task_names_the_choices():
+    with pytest.raises(ConfigError, match="reasoning_gym:<generator>"):
+        get_task(load_config(overrides={"task.name": "imagenet"}))

@@ -1,0 +1,138 @@
+"""`aepo train` end to end on the synthetic task with a tiny model: run folder contract, every preset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from aepo_rl.config import PRESETS, from_dict, load_config
+from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, train_main
+
+TINY_PIPELINE = {
+    "task.num_train": 8, "task.num_dev": 2, "task.num_test": 2, "task.num_demonstrations": 8,
+    "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1, "model.tiny_intermediate_size": 64,
+    "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
+    "sft.epochs": 1, "sft.batch_size": 8, "rollout.n": 2, "rollout.max_response_length": 32,
+    "rollout.max_tokens_per_round": 12, "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2,
+    "trainer.mini_batch_size": 1, "trainer.micro_batch_size": 2, "trainer.steps": 2, "trainer.rollouts_to_save": 3,
+    "eval.samples": 2, "trainer.run_name": "tiny",
+}
+METRIC_NAMES = ["step", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+                "actor/entropy", "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
+                "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",
+                "timing_s/update", "timing_s/step", "rollout/global_samples", "rollout/branches_per_prompt",
+                "rollout/largest_subtree_share", "rollout/distinct_per_group", "actor/entropy_adv_scale/mean",
+                "actor/grad_preserved_frac", "train/tokens_per_s"]
+
+
+def tiny_config(tmp_path, preset="aepo", **extra):
+    return load_config(preset, overrides={**TINY_PIPELINE, "trainer.run_dir": str(tmp_path / "runs"),
+                                          "model.cache_dir": str(tmp_path / "cache"), **extra})
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("pipeline")
+    cfg = tiny_config(tmp_path)
+    assert train_main(cfg) == 0
+    return cfg, tmp_path / "runs" / "tiny"
+
+
+def test_run_folder_follows_the_contract(finished_run):
+    cfg, run = finished_run
+    assert from_dict(yaml.safe_load((run / "config.yaml").read_text())) == cfg
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for name in METRIC_NAMES:
+        assert all(name in r for r in records), f"metrics.jsonl lacks {name}"
+    results = json.loads((run / "eval.json").read_text())
+    assert sorted(results) == ["rl", "sft"]
+    for stage in ("sft", "rl"):
+        entry = results[stage]["synthetic/test"]
+        assert entry["k"] == 2 and entry["num_questions"] == 2
+        assert 0.0 <= entry["pass@1"] <= entry["pass@k"] <= 1.0
+    assert (run / "checkpoints" / "sft" / "config.json").is_file()
+    assert (run / "checkpoints" / "step_000002" / "model" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "step_000002" / "trainer_state.pt").is_file()
+    rollouts = (run / "rollouts" / "step_2.jsonl").read_text().splitlines()
+    assert len(rollouts) == 3
+    assert {"response_token_ids", "loss_mask", "score", "advantage"} <= set(json.loads(rollouts[0]))
+    assert list((run / "plots").glob("*.png"))
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_resuming_a_finished_run_reuses_every_stage(finished_run, capsys):
+    cfg, run = finished_run
+    before = (run / "metrics.jsonl").read_text()
+    assert train_main(None, resume=str(run)) == 0
+    assert (run / "metrics.jsonl").read_text() == before
+    assert "SFT model found" in capsys.readouterr().out
+
+
+def test_a_new_run_refuses_an_existing_run_folder(finished_run):
+    cfg, run = finished_run
+    with pytest.raises(FileExistsError, match="aepo train --resume"):
+        new_run_dir(cfg)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_two_rl_steps_from_the_sft_model(finished_run, tmp_path, preset):
+    cfg, run = finished_run
+    shaping = {"algorithm.overlong_buffer_len": 8} if preset == "dapo" else {}
+    preset_cfg = tiny_config(tmp_path, preset, **shaping, **{"trainer.tensorboard": False, "eval.samples": 1})
+    results = run_rl_stage(preset_cfg, str(run / "checkpoints" / "sft"), tmp_path / preset)
+    assert results["synthetic/test"]["num_questions"] == 2
+    records = [json.loads(line) for line in (tmp_path / preset / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+
+
+def test_first_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, finished_run, monkeypatch):
+    cfg, run = finished_run
+    import signal
+
+    from aepo_rl.train import rl
+
+    original_step = rl.RLTrainer.step
+
+    def step_then_ctrl_c(self):
+        metrics = original_step(self)
+        signal.raise_signal(signal.SIGINT)  # arrives while a step is in flight: the step still completes
+        return metrics
+
+    monkeypatch.setattr(rl.RLTrainer, "step", step_then_ctrl_c)
+    with pytest.raises(RunInterrupted) as stopped:
+        run_rl_stage(tiny_config(tmp_path), str(run / "checkpoints" / "sft"), tmp_path / "stopped")
+    assert stopped.value.step == 1
+    assert (tmp_path / "stopped" / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_logger_rewrites_history_appends_steps_and_explains_missing_wandb(tmp_path, monkeypatch):
+    import builtins
+    import io
+
+    from rich.console import Console
+
+    from aepo_rl.train.logger import RunLogger
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "partial": tru')  # killed mid-write
+    out = io.StringIO()
+    with RunLogger(tmp_path, total_steps=3, history=[{"step": 1, "critic/score/mean": 0.5}], tensorboard=False,
+                   wandb_project="aepo", console=Console(file=out, width=200)) as logger:
+        logger.log(2, {"critic/score/mean": 0.25, "actor/pg_loss": float("nan"), "timing_s/step": 1.5})
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "critic/score/mean": 0.5},
+                     {"step": 2, "critic/score/mean": 0.25, "actor/pg_loss": None, "timing_s/step": 1.5}]
+    text = out.getvalue()
+    assert "wandb is not installed" in text and "pip install 'aepo-rl[wandb]'" in text
+    assert "step    2 | score 0.25 | pg_loss nan" in text

@@ -1,0 +1,309 @@
+"""The RL loop: training tensors, log-probs, rewards, GiGPO anchors, gradient accumulation, every preset."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from aepo_rl import algorithms
+from aepo_rl.config import PRESETS, ConfigError, load_config
+from aepo_rl.engines.hf import HFEngine
+from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
+from aepo_rl.tasks.base import Example
+from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
+                              build_optimizer, collate, last_token_rewards, response_logprobs)
+from conftest import build_tiny_model
+
+
+def make_traj(prompt, response, mask, rounds=(), traj_id=0, parent_id=None):
+    return Trajectory(prompt_id="p", traj_id=traj_id, parent_id=parent_id, fork_token_index=None,
+                      prompt_token_ids=list(prompt), response_token_ids=list(response), loss_mask=list(mask),
+                      logprobs=[0.0] * len(response), entropies=[0.0] * len(response),
+                      rounds=[Round(start=s, end=e, step_entropy=0.0) for s, e in rounds])
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors
+
+
+def test_collate_builds_right_padded_rows_from_token_ids():
+    trajs = [make_traj([5, 6, 7], [10, 11, 12, 13], [1, 0, 0, 1]), make_traj([5], [20, 21], [1, 1])]
+    batch = collate(trajs, [0, 1], pad_token_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 10, 11, 12, 13], [5, 20, 21, 0, 0, 0, 0]]
+    assert batch.responses.tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
+    assert batch.response_mask.tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    assert batch.prompt_lengths.tolist() == [3, 1]
+    assert batch.sequence_lengths.tolist() == [7, 3]
+    sub = batch.rows(torch.tensor([1]))
+    assert sub.input_ids.tolist() == [[5, 20, 21]]  # trimmed to the rows' longest sequence
+    assert sub.responses.shape == (1, 4)  # response width stays the batch's
+
+
+def test_collate_rejects_a_loss_mask_of_the_wrong_length():
+    with pytest.raises(ValueError, match="loss_mask has 1 entries for 2 response tokens"):
+        collate([make_traj([1], [2, 3], [1])], [0], pad_token_id=0)
+
+
+def test_response_logprobs_equal_a_plain_full_forward(tiny_tokenizer, tiny_model):
+    trajs = [make_traj([3, 4, 5, 6], [7, 8, 9], [1, 1, 1]), make_traj([3, 4], [10, 11, 12, 13, 14], [1, 0, 0, 1, 1])]
+    batch = collate(trajs, [0, 1], pad_token_id=tiny_tokenizer.pad_token_id)
+    log_probs, entropy = response_logprobs(tiny_model, batch, bf16=False)
+    for i, traj in enumerate(trajs):
+        ids = torch.tensor([traj.prompt_token_ids + traj.response_token_ids])
+        logits = tiny_model(input_ids=ids).logits[0].float()
+        p = len(traj.prompt_token_ids)
+        expected = torch.log_softmax(logits[p - 1:-1], -1).gather(-1, ids[0, p:, None]).squeeze(-1)
+        n = len(traj.response_token_ids)
+        torch.testing.assert_close(log_probs[i, :n], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(entropy[i, :n], algorithms.entropy_from_logits(logits[p - 1:-1]),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_autocast_log_probs_are_close_to_float32(tiny_tokenizer, tiny_model):
+    batch = collate([make_traj([3, 4, 5], [7, 8, 9, 10], [1, 1, 1, 1])], [0], tiny_tokenizer.pad_token_id)
+    full, _ = response_logprobs(tiny_model, batch, bf16=False)
+    half, _ = response_logprobs(tiny_model, batch, bf16=True)
+    assert half.dtype == torch.float32
+    assert (full - half).abs().max() < 0.1
+
+
+# ----------------------------------------------------------------------------------------------
+# Rewards and anchors
+
+
+def test_reward_sits_on_the_last_trained_token():
+    mask = torch.tensor([[1., 1., 0., 0.], [1., 0., 1., 0.], [0., 0., 0., 0.]])
+    rewards = last_token_rewards(torch.tensor([2.0, -1.0, 5.0]), mask)
+    assert rewards.tolist() == [[0, 2, 0, 0], [0, 0, -1, 0], [5, 0, 0, 0]]
+
+
+def test_anchor_keys_group_tokens_by_identical_prefix_ending_at_a_tool_result():
+    # Round 0: tokens 0-1, tool result 2-3, round 1: 4-5. The fork (traj 1) shares round 0 and the
+    # tool result, then generates differently; traj 2 differs from the first token.
+    a = make_traj([1, 2], [10, 11, 50, 51, 12, 13], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)])
+    b = make_traj([1, 2], [10, 11, 50, 51, 14, 15], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)], traj_id=1)
+    c = make_traj([1, 2], [16, 11, 50, 51, 12], [1, 1, 0, 0, 1], rounds=[(0, 2), (4, 5)], traj_id=2)
+    other_group = make_traj([1, 2], [10, 11], [1, 1], rounds=[(0, 2)])
+    keys = anchor_keys([a, b, c, other_group], [0, 0, 0, 1], response_length=6)
+    assert keys[0, 0] == keys[1, 0] == keys[2, 0]  # the bare prompt
+    assert keys[0, 4] == keys[1, 4] and keys[0, 5] == keys[1, 4]  # same prefix up to the tool result
+    assert keys[2, 4] != keys[0, 4]  # different first round: a different state
+    assert keys[0, 4] != keys[0, 0]
+    assert keys[3, 0] != keys[0, 0]  # same prompt tokens in another group: not the same anchor
+    assert keys[2, 5] == -1 and keys[3, 2] == -1  # padding has no anchor
+    assert bool((keys[:3, :5] >= 0).all())
+
+
+def test_gigpo_advantage_uses_the_anchor_keys_of_forked_trajectories():
+    a = make_traj([1], [10, 50, 12], [1, 0, 1], rounds=[(0, 1), (2, 3)])
+    b = make_traj([1], [10, 50, 13], [1, 0, 1], rounds=[(0, 1), (2, 3)], traj_id=1)
+    c = make_traj([1], [11, 50, 13], [1, 0, 1], rounds=[(0, 1), (2, 3)], traj_id=2)
+    batch = collate([a, b, c], [0, 0, 0], pad_token_id=0)
+    rewards = last_token_rewards(torch.tensor([1.0, 0.0, 0.0]), batch.response_mask)
+    keys = anchor_keys([a, b, c], [0, 0, 0], 3)
+    cfg = load_config("gigpo").algorithm
+    adv, _ = algorithms.get_advantage_estimator("gigpo")(rewards, batch.response_mask, batch.group_index,
+                                                         config=cfg, anchor_keys=keys)
+    episode = (torch.tensor([1.0, 0.0, 0.0]) - 1 / 3) / (torch.tensor([1.0, 0.0, 0.0]).std() + 1e-6)
+    # Round 1 of a and b shares one state: their step advantage is ±1/(std of {1, 0}) apart.
+    step_ab = (1.0 - 0.5) / (torch.tensor([1.0, 0.0]).std() + 1e-6)
+    assert adv[0, 2].item() == pytest.approx(float(episode[0] + step_ab), rel=1e-5)
+    assert adv[1, 2].item() == pytest.approx(float(episode[1] - step_ab), rel=1e-5)
+    assert adv[2, 2].item() == pytest.approx(float(episode[2]), rel=1e-5)  # alone in its state: no step term
+    # Round 0 acts from the bare prompt, shared by all three: step advantage = episode advantage.
+    assert adv[0, 0].item() == pytest.approx(float(2 * episode[0]), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data order
+
+
+def test_data_order_is_a_fresh_seeded_permutation_every_epoch_and_resumes_exactly():
+    order = DataOrder(size=5, seed=3)
+    first = order.take(3) + order.take(3)  # crosses into epoch 1
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4]
+    assert (order.epoch, order.cursor) == (1, 1)
+    assert first[5] == int(order.permutation(1)[0])
+    resumed = DataOrder(size=5, seed=3)
+    resumed.load_state_dict(order.state_dict())
+    assert resumed.take(7) == order.take(7)
+    with pytest.raises(ValueError, match="checkpoint has 5 examples with seed 3"):
+        DataOrder(size=6, seed=3).load_state_dict(order.state_dict())
+
+
+def test_cosine_schedule_warms_up_then_decays(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=1",
+                                         "trainer.steps=3", "trainer.lr=1.0"])
+    optimizer, scheduler = build_optimizer(cfg, copy.deepcopy(tiny_model))
+    lrs = []
+    for _ in range(4):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.5, 1.0, 0.5, 0.0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+
+def _grads(model) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _random_targets(batch: Batch, seed: int = 0) -> Targets:
+    g = torch.Generator().manual_seed(seed)
+    shape = batch.response_mask.shape
+    return Targets(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
+                   advantages=torch.randn(shape, generator=g))
+
+
+def _accumulated(model, batch, targets, cfg) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(model, batch, torch.arange(batch.num_rows), targets, cfg,
+                         algorithms.get_policy_loss(cfg.algorithm.policy_loss))
+    return _grads(model)
+
+
+@pytest.mark.parametrize("preset,mode", [("aepo", "token-mean"), ("grpo", "token-mean"),
+                                         ("grpo", "seq-mean-token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")])
+def test_gradient_accumulation_equals_the_full_batch_gradient(tiny_tokenizer, tiny_model, preset, mode):
+    trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
+             make_traj([3, 4], [15, 16, 17], [1, 1, 1]), make_traj([6, 4, 5, 3], [18], [1])]
+    batch = collate(trajs, [0, 0, 1, 1], tiny_tokenizer.pad_token_id)
+    targets = _random_targets(batch)
+    cfg = load_config(preset, overrides={"algorithm.loss_agg_mode": mode, "trainer.micro_batch_size": 4})
+    model = copy.deepcopy(tiny_model)
+    full = _accumulated(model, batch, targets, cfg)
+    cfg.trainer.micro_batch_size = 1
+    micro = _accumulated(model, batch, targets, cfg)
+    for a, b in zip(full, micro):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    # And it is the gradient of the loss written out over the whole batch in one go.
+    model.zero_grad(set_to_none=True)
+    log_probs, entropy = response_logprobs(model, batch, bf16=False)
+    stats = (algorithms.entropy_stats(targets.old_entropy, batch.response_mask, "mini-batch")
+             if cfg.algorithm.policy_loss == "aepo" else None)
+    loss, _ = algorithms.get_policy_loss(cfg.algorithm.policy_loss)(
+        targets.old_log_probs, log_probs, targets.advantages, batch.response_mask, loss_agg_mode=mode,
+        config=cfg.algorithm, entropy=entropy, entropy_stats=stats)
+    loss.backward()
+    for a, b in zip(_grads(model), micro):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):
+    """Advantages and old log-probs at mask-0 (tool result) positions change nothing."""
+    trajs = [make_traj([3, 4], [7, 8, 9, 10, 11], [1, 0, 0, 1, 1]), make_traj([3], [12, 13, 14], [1, 1, 0])]
+    batch = collate(trajs, [0, 0], tiny_tokenizer.pad_token_id)
+    cfg = load_config("aepo")
+    model = copy.deepcopy(tiny_model)
+    targets = _random_targets(batch)
+    reference = _accumulated(model, batch, targets, cfg)
+    masked = batch.response_mask == 0
+    garbage = Targets(old_log_probs=torch.where(masked, -50.0, targets.old_log_probs),
+                      old_entropy=torch.where(masked, 1e3, targets.old_entropy),
+                      advantages=torch.where(masked, 1e4, targets.advantages))
+    for a, b in zip(reference, _accumulated(model, batch, garbage, cfg)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # With every token masked there is nothing to learn: the gradient is exactly zero.
+    batch.response_mask.zero_()
+    assert all(float(g.abs().max()) == 0.0 for g in _accumulated(model, batch, targets, cfg))
+
+
+# ----------------------------------------------------------------------------------------------
+# Every preset: two RL steps with the tiny model and a small fake task
+
+
+class EchoSearch:
+    name, tag, description = "search", "search", "echoes the query"
+
+    def run(self, arg: str) -> str:
+        return f"found {arg[:20]}"
+
+
+class VaryingRewardTask:
+    """Six questions; the reward depends on the response length, so groups get distinct scores."""
+
+    name = "fake"
+
+    def __init__(self):
+        self._examples = [Example(id=f"q{i}", question=f"question {i}", answers=["x"], data_source="fake",
+                                  messages=[{"role": "user", "content": f"Velmora question {i}?"}])
+                          for i in range(6)]
+
+    def examples(self, split):
+        return self._examples
+
+    def tools(self):
+        return {"search": EchoSearch()}
+
+    def reward(self, example, response_text):
+        return float(len(response_text) % 3) / 2
+
+    def correct(self, example, response_text):
+        return len(response_text) % 3 == 2
+
+    def demonstrations(self):
+        return []
+
+    def texts(self):
+        return []
+
+
+TINY_RL = {"rollout.n": 2, "trainer.batch_size": 2, "trainer.mini_batch_size": 1, "trainer.micro_batch_size": 1,
+           "trainer.steps": 2, "rollout.max_response_length": 24, "rollout.max_tokens_per_round": 8,
+           "rollout.premonitor_probe_tokens": 4, "trainer.lr": 1e-2}
+STEP_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
+                "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
+                "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",
+                "timing_s/update", "timing_s/step", "rollout/distinct_per_group", "rollout/branches_per_prompt",
+                "train/tokens_per_s"]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_two_rl_steps(tiny_tokenizer, preset):
+    shaping = {"algorithm.overlong_buffer_len": 8} if preset == "dapo" else {}  # window inside the 24-token budget
+    cfg = load_config(preset, overrides={**TINY_RL, **shaping})
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    for _ in range(2):
+        metrics = trainer.step()
+    assert trainer.global_step == 2
+    expected = STEP_METRICS + (["actor/entropy_adv_scale/mean", "actor/grad_preserved_frac"]
+                               if cfg.algorithm.policy_loss == "aepo" else [])
+    expected += ["dynamic_sampling/kept_frac"] if cfg.algorithm.dynamic_sampling else []
+    missing = [k for k in expected if k not in metrics]
+    assert not missing, f"{preset}: missing metrics {missing}"
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), f"{preset}: no update"
+    assert len(trainer.last_rollout) == 4 and "score" in trainer.last_rollout[0]
+
+
+def test_overlong_window_longer_than_the_budget_is_a_config_error(tiny_tokenizer, tiny_model):
+    cfg = load_config("dapo", overrides=TINY_RL)
+    with pytest.raises(ConfigError, match="overlong_buffer_len=64 must be <= rollout.max_response_length=24"):
+        RLTrainer(cfg, tiny_model, tiny_tokenizer, VaryingRewardTask(), HFEngine(tiny_model, tiny_tokenizer))
+
+
+@pytest.mark.parametrize("overrides", [{"algorithm.use_kl_loss": True},
+                                       {"algorithm.use_kl_in_reward": True,
+                                        "algorithm.adv_estimator": "reinforce_plus_plus"},
+                                       {"algorithm.use_kl_in_reward": True},
+                                       {"algorithm.entropy_coeff": 0.01, "trainer.ppo_epochs": 2,
+                                        "trainer.bf16": True, "algorithm.entropy_adv_scope": "group"}])
+def test_kl_entropy_bonus_epochs_and_bf16_options_run(tiny_tokenizer, overrides):
+    cfg = load_config("aepo", overrides={**TINY_RL, "trainer.mini_batch_size": 2, **overrides})
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    metrics = trainer.step()
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert (trainer.ref_model is not None) == bool(cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    if cfg.algorithm.use_kl_loss:
+        assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # one optimizer step, taken after the loss: π_θ = π_ref
+    if cfg.algorithm.use_kl_in_reward:
+        assert "actor/reward_kl_penalty" in metrics
