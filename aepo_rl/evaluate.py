@@ -127,7 +127,10 @@ def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = N
 
     task = get_task(cfg)
     engine = _build_policy_engine(cfg, task, endpoint, endpoint_model)
-    examples = task.examples(cfg.eval.split)[:cfg.eval.num_questions]
+    try:
+        examples = task.examples(cfg.eval.split)[:cfg.eval.num_questions]
+    except KeyError as err:
+        raise ConfigError(f"eval.split='{cfg.eval.split}': {err.args[0]}") from None
     if not examples:
         raise ConfigError(f"eval.split='{cfg.eval.split}': task '{task.name}' has no questions in that split")
     results = evaluate(engine, task, examples, cfg, cfg.eval.split, with_records=out_file is not None)

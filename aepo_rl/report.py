@@ -72,6 +72,38 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def read_eval_points(run_dir: str | Path, last_step: int) -> dict[int, dict[str, float]]:
+    """pass@1 from the run's ``eval.json`` (``{"sft": {...}, "rl": {...}}``) as points on the step axis.
+
+    The SFT model's evaluation sits at step 0, the final RL evaluation at ``last_step``; a run
+    without ``eval.json`` has none.
+    """
+    path = Path(run_dir) / "eval.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise MetricsError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    points: dict[int, dict[str, float]] = {}
+    for stage, step in (("sft", 0), ("rl", last_step)):
+        results = data.get(stage, {}) if isinstance(data, dict) else None
+        if not isinstance(results, dict):
+            raise MetricsError(f"{path}: expected {{\"{stage}\": {{\"<task>/<split>\": {{\"pass@1\": …}}}}}}")
+        for key, result in results.items():
+            if isinstance(result, dict) and _is_number(result.get("pass@1")):
+                points.setdefault(step, {})[f"eval/{key}/pass@1"] = float(result["pass@1"])
+    return points
+
+
+def read_run(run_dir: str | Path) -> list[dict]:
+    """:func:`read_metrics` with the before/after evaluations of ``eval.json`` merged in."""
+    by_step = {record["step"]: record for record in read_metrics(run_dir)}
+    for step, point in read_eval_points(run_dir, max(by_step, default=0)).items():
+        by_step[step] = {"step": step, **by_step.get(step, {}), **point}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
     """``{metric name: (steps, values)}`` for every logged name matching ``pattern`` (finite numbers only)."""
     regex = _pattern_regex(pattern)
@@ -163,7 +195,7 @@ def report_main(runs: list[str], out_dir: str | None = None) -> int:
 
 
 def _read_runs(run_dirs: list) -> dict[str, list[dict]]:
-    return {_run_label(Path(d), run_dirs): read_metrics(d) for d in run_dirs}
+    return {_run_label(Path(d), run_dirs): read_run(d) for d in run_dirs}
 
 
 def _run_label(run: Path, all_runs: list) -> str:

@@ -3,11 +3,15 @@
 Both sides train the same tiny default model (``model.tiny_*``) on the same rollout batch:
 ``trainer.batch_size`` prompts × ``rollout.n`` trajectories with ~PROMPT_LEN prompt tokens and
 ~RESPONSE_LEN response tokens, a quarter of them tool-result tokens (loss mask 0). The RL side is
-``RLTrainer.update`` (old log-probs pass, advantages, the aepo loss over mini/micro-batches, AdamW with
+``RLTrainer.update`` (old log-probs pass, advantages, the preset's loss over mini/micro-batches, AdamW with
 clipping); the bare side runs masked cross-entropy over the same micro-batches with one AdamW step
 per mini-batch. Prints tokens/s of each, side by side, and finally ``ratio train/bare: <value>``.
+The RL side must compute log π_old before the update for every mini-batch but the first (the
+first is on-policy: its training forward gives π_old); the default ``aepo`` preset also needs
+the old policy's entropies of the first mini-batch for its mini-batch statistics (§2.2), so its
+old-log-prob pass covers every row.
 
-    python benchmarks/bench_train.py [--repeats 3] [dotted config overrides, e.g. trainer.bf16=true]
+    python benchmarks/bench_train.py [--repeats 5] [--preset aepo] [dotted overrides, e.g. trainer.bf16=true]
 """
 
 from __future__ import annotations
@@ -83,10 +87,11 @@ def bare_update(model, optimizer, batch, cfg) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--preset", default="aepo")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config("aepo", overrides=args.overrides)
+    cfg = load_config(args.preset, overrides=args.overrides)
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     m = cfg.model
@@ -99,16 +104,18 @@ def main() -> None:
     base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tokenizer = type("Tok", (), {"pad_token_id": 0})()
     groups = rollout_batch(cfg, m.tiny_vocab_size)
-    batch = collate([t for g in groups for t in g.trajectories], [i for i, g in enumerate(groups) for _ in g.trajectories], 0)
+    batch = collate([t for g in groups for t in g.trajectories],
+                    [i for i, g in enumerate(groups) for _ in g.trajectories], pad_token_id=0)
     tokens = int(batch.sequence_lengths.sum())
-    print(f"model {sum(p.numel() for p in base.parameters()) / 1e6:.2f}M params, {batch.num_rows} sequences, "
+    print(f"preset {cfg.preset}, model {sum(p.numel() for p in base.parameters()) / 1e6:.2f}M params, {batch.num_rows} sequences, "
           f"{tokens} tokens ({int(batch.response_mask.sum())} trained), mini-batch {cfg.trainer.mini_batch_size} "
           f"prompts, micro-batch {cfg.trainer.micro_batch_size} sequences, bf16 {cfg.trainer.bf16}, "
           f"{torch.get_num_threads()} threads")
 
     ours_model, bare_model = copy.deepcopy(base), copy.deepcopy(base)
     trainer = RLTrainer(cfg, ours_model, tokenizer, _NoTask(), engine=None)
-    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.trainer.lr,
+                                       weight_decay=cfg.trainer.weight_decay)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.trainer.bf16)
     ours, bare = [], []
     for repeat in range(args.repeats + 1):  # the first round warms up both sides

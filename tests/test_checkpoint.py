@@ -89,7 +89,8 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, tiny_tokenizer, lora
     a, b = (load_file(tmp_path / run / "checkpoints" / "step_000003" / "model" / "model.safetensors")
             for run in ("straight", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    states = [ckpt.load_trainer_state(tmp_path / run / "checkpoints" / "step_000003") for run in ("straight", "resumed")]
+    states = [ckpt.load_trainer_state(tmp_path / run / "checkpoints" / "step_000003")
+              for run in ("straight", "resumed")]
     assert states[0]["trainer"]["data_order"] == states[1]["trainer"]["data_order"]
     assert any(r["actor/grad_norm"] > 0 for r in records("straight"))  # the steps really trained
 
@@ -126,7 +127,8 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()
 
     def records(run):
-        return _without_timing([json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()])
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return _without_timing([json.loads(line) for line in lines])
 
     assert [r["step"] for r in records("killed")] == [1, 2, 3, 4]
     assert records("killed") == records("straight")

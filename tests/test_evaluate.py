@@ -62,6 +62,8 @@ class FakeTask:
                           for i in range(num_questions)]
 
     def examples(self, split):
+        if split == "val":
+            raise KeyError(f"task 'fake' has no split '{split}'; splits: ['test', 'dev']")
         return self._examples if split == "test" else []
 
     def tools(self):
@@ -237,6 +239,8 @@ def test_eval_main_on_an_openai_compatible_endpoint(fake_policy_stack, monkeypat
 def test_eval_main_errors_name_the_problem(fake_policy_stack):
     with pytest.raises(ConfigError, match="eval.split='dev'.*no questions"):
         eval_main(load_config(overrides=["eval.split=dev"]))
+    with pytest.raises(ConfigError, match="eval.split='val': task 'fake' has no split 'val'"):
+        eval_main(load_config(overrides=["eval.split=val"]))
     with pytest.raises(ConfigError, match="--endpoint-model"):
         eval_main(load_config(), endpoint="http://localhost:1/v1")
     with pytest.raises(ConfigError, match="--model TOKENIZER"):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from aepo_rl.config import PRESETS, from_dict, load_config
-from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, train_main
+from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage, train_main
 
 TINY_PIPELINE = {
     "task.num_train": 8, "task.num_dev": 2, "task.num_test": 2, "task.num_demonstrations": 8,
@@ -68,7 +68,8 @@ def test_resuming_a_finished_run_reuses_every_stage(finished_run, capsys):
     before = (run / "metrics.jsonl").read_text()
     assert train_main(None, resume=str(run)) == 0
     assert (run / "metrics.jsonl").read_text() == before
-    assert "SFT model found" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SFT model found" in out and "evaluating" not in out and "held-out evaluation" in out
 
 
 def test_a_new_run_refuses_an_existing_run_folder(finished_run):
@@ -136,3 +137,9 @@ def test_logger_rewrites_history_appends_steps_and_explains_missing_wandb(tmp_pa
     text = out.getvalue()
     assert "wandb is not installed" in text and "pip install 'aepo-rl[wandb]'" in text
     assert "step    2 | score 0.25 | pg_loss nan" in text
+
+
+def test_a_real_model_with_zero_sft_epochs_skips_sft(tmp_path):
+    cfg = tiny_config(tmp_path, **{"model.path": str(tmp_path / "my-model"), "sft.epochs": 0})
+    assert run_sft_stage(cfg, tmp_path / "run") == str(tmp_path / "my-model")
+    assert not (tmp_path / "run").exists()

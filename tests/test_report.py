@@ -7,7 +7,7 @@ import json
 import matplotlib.image
 import pytest
 
-from aepo_rl.report import MetricsError, plot_runs, read_metrics, report_main, series
+from aepo_rl.report import MetricsError, plot_runs, read_metrics, read_run, report_main, series
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -58,6 +58,20 @@ def test_read_metrics_sorts_merges_and_keeps_the_last_record_of_a_step(tmp_path)
     records = read_metrics(run)
     assert records == [{"step": 1, "x": 1.0}, {"step": 2, "x": 5.0, "y": 1.0}]
     assert series(records, "x") == {"x": ([1, 2], [1.0, 5.0])}
+
+
+def test_read_run_places_eval_json_before_and_after_rl(tmp_path):
+    run = write_run(tmp_path, "r", [{"step": 1, "x": 1.0}, {"step": 4, "x": 2.0, "eval/t/test/pass@1": 0.3}])
+    (run / "eval.json").write_text(json.dumps({"sft": {"t/test": {"pass@1": 0.25, "pass@k": 0.5}},
+                                               "rl": {"t/test": {"pass@1": 0.5, "pass@k": 0.75}}}))
+    assert read_run(run) == [{"step": 0, "eval/t/test/pass@1": 0.25}, {"step": 1, "x": 1.0},
+                             {"step": 4, "x": 2.0, "eval/t/test/pass@1": 0.5}]
+    (run / "eval.json").write_text('{"rl": [0.5]}')
+    with pytest.raises(MetricsError, match=r"r/eval\.json: expected \{\"rl\""):
+        read_run(run)
+    (run / "eval.json").write_text('{"rl": ')
+    with pytest.raises(MetricsError, match=r"r/eval\.json: not valid JSON"):
+        read_run(run)
 
 
 def test_series_matches_patterns_and_drops_non_numbers():

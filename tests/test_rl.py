@@ -11,7 +11,7 @@ import torch
 from aepo_rl import algorithms
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
-from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
+from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
 from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
                               build_optimizer, collate, last_token_rewards, response_logprobs)
@@ -304,6 +304,7 @@ def test_kl_entropy_bonus_epochs_and_bf16_options_run(tiny_tokenizer, overrides)
     assert all(math.isfinite(v) for v in metrics.values())
     assert (trainer.ref_model is not None) == bool(cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward)
     if cfg.algorithm.use_kl_loss:
-        assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # one optimizer step, taken after the loss: π_θ = π_ref
+        # One optimizer step per RL step, taken after the loss: π_θ = π_ref while it is computed.
+        assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
     if cfg.algorithm.use_kl_in_reward:
         assert "actor/reward_kl_penalty" in metrics

@@ -22,7 +22,8 @@ PIECES = [("<think>find it</think> <search>Velmora founder</search>", True),
 
 
 def demo(question: str = "Who founded Velmora?", pieces=PIECES) -> Demonstration:
-    messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": question}]
+    messages = [{"role": "system", "content": "Answer as <answer>\\boxed{x}</answer>."},
+                {"role": "user", "content": question}]
     example = Example(id="q0", question=question, answers=["Ada Korrin"], data_source="synthetic", messages=messages)
     return Demonstration(example=example, pieces=list(pieces))
 
@@ -101,8 +102,9 @@ def oracle(vocab: int, wrong: tuple[int, ...] = ()) -> FakeLM:
 def test_answer_accuracy_checks_only_the_answer_span(tiny_tokenizer):
     sample = tokenize_demonstration(tiny_tokenizer, demo(), 512)
     ids, vocab = sample.input_ids, len(tiny_tokenizer)
-    open_at = ids.index(tiny_tokenizer.convert_tokens_to_ids("<answer>"))
-    close_at = ids.index(tiny_tokenizer.convert_tokens_to_ids("</answer>"))
+    open_at = len(ids) - 1 - ids[::-1].index(tiny_tokenizer.convert_tokens_to_ids("<answer>"))
+    close_at = len(ids) - 1 - ids[::-1].index(tiny_tokenizer.convert_tokens_to_ids("</answer>"))
+    assert ids.count(tiny_tokenizer.convert_tokens_to_ids("<answer>")) == 2  # one in the system prompt
     n_trained = sum(sample.loss_mask[1:])
 
     def acc(wrong):
@@ -145,5 +147,6 @@ def test_sft_with_lora_leaves_a_plain_model_with_only_targets_changed(tiny_model
     run_sft(sft_cfg(**{"model.lora_rank": 4, "sft.epochs": 2}), model, tiny_tokenizer, [demo()] * 4)
     after = model.state_dict()
     assert set(after) == set(before)  # merged back: no lora_ / base_layer names
+    assert all(p.requires_grad for p in model.parameters())
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in changed)

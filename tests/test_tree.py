@@ -265,7 +265,7 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
     from aepo_rl.rollout.cli import group_tree
 
     console = Console(record=True, width=250)
-    console.print(group_tree(result.groups[0], "latest"))
+    console.print(group_tree(result.groups[0], 1, "latest"))
     p = 0.45 + 0.2 * delta
     assert f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, H=3.000, P={p:.3f})" \
         in console.export_text()
@@ -288,7 +288,7 @@ def test_restarts_fill_the_budget_one_at_a_time(tiny_tokenizer):
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
     result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=3))
     assert [t.parent_id for t in result.groups[0]] == [None, None, None]
-    assert [len(b) for b in engine.batches] == [1, 1, 1]
+    assert [len(b) for b in engine.batches] == [1, 1, 1] and result.global_samples == [1]
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
     run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=3, restarts=False))
     assert [len(b) for b in engine.batches] == [1, 2]
@@ -440,9 +440,10 @@ def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, monkeypatch, tmp
     assert records[3]["fork_token_index"] == result.groups[0][0].rounds[2].end
     assert records[0]["num_tool_calls"] == 3 and records[0]["step_entropies"] == [1.0] * 4
     console = Console(record=True, width=250)
-    print_rollout(result.groups, result.metrics, console, "previous")
+    print_rollout(result, console, "previous")
     text = console.export_text()
-    assert "T0 from the prompt" in text
+    assert "prompt p0: 4 trajectories = 1 global samples + 0 restarts + 3 forks" in text
+    assert "T0 global sample" in text
     assert f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, H=1.000, P=0.855)" in text
     assert "T3 forked from T0 after round 3's tool result" in text and "P=0.520)" in text
     assert "search('q0')" in text and "rollout/largest_subtree_share" in text

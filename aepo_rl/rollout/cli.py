@@ -11,6 +11,7 @@ from rich.tree import Tree
 
 from aepo_rl.config import Config
 from aepo_rl.rollout.trajectory import Trajectory
+from aepo_rl.rollout.tree import RolloutResult, run_rollout
 
 _RECORD_FIELDS = ("prompt_id", "traj_id", "parent_id", "fork_token_index", "prompt_token_ids", "response_token_ids",
                   "loss_mask", "logprobs", "entropies", "response_text", "num_tool_calls", "finish_reason",
@@ -22,10 +23,11 @@ def _short(text: str, width: int = 32) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def _label(traj: Trajectory, group: list[Trajectory], entropy_segment: str) -> str:
+def _label(traj: Trajectory, group: list[Trajectory], m: int, entropy_segment: str) -> str:
     """One line per trajectory: where it forked (with the H and P that decided it), its own calls, its end."""
     if traj.parent_id is None:
-        head, own = f"[bold]T{traj.traj_id}[/] from the prompt", traj.rounds
+        kind = "global sample" if traj.traj_id < m else "restart"
+        head, own = f"[bold]T{traj.traj_id}[/] {kind}", traj.rounds
     else:
         k = sum(r.end <= traj.fork_token_index for r in traj.rounds)
         # §1.2: "latest" decides on the parent's reaction to the result (its round k + 1), "previous" on round k.
@@ -41,15 +43,15 @@ def _label(traj: Trajectory, group: list[Trajectory], entropy_segment: str) -> s
             f"[cyan]{traj.finish_reason}[/] · {len(traj.response_token_ids)} tokens")
 
 
-def group_tree(group: list[Trajectory], entropy_segment: str = "latest") -> Tree:
-    """A rich tree of one prompt's group: children nested under the trajectory they forked from."""
+def group_tree(group: list[Trajectory], m: int, entropy_segment: str = "latest") -> Tree:
+    """A rich tree of one prompt's group (m global samples): forks nested under their parents."""
     roots = sum(t.parent_id is None for t in group)
-    tree = Tree(f"[bold]prompt {group[0].prompt_id}[/]: {len(group)} trajectories, {roots} from the prompt, "
-                f"{len(group) - roots} forks")
+    tree = Tree(f"[bold]prompt {group[0].prompt_id}[/]: {len(group)} trajectories = {m} global samples + "
+                f"{roots - m} restarts + {len(group) - roots} forks")
     nodes: dict[int, Tree] = {}
     for traj in group:
         parent = tree if traj.parent_id is None else nodes[traj.parent_id]
-        nodes[traj.traj_id] = parent.add(_label(traj, group, entropy_segment))
+        nodes[traj.traj_id] = parent.add(_label(traj, group, m, entropy_segment))
     return tree
 
 
@@ -60,14 +62,13 @@ def write_rollouts(groups: list[list[Trajectory]], path: Path) -> None:
             f.write(json.dumps({k: record[k] for k in _RECORD_FIELDS}) + "\n")
 
 
-def print_rollout(groups: list[list[Trajectory]], metrics: dict[str, float], console: Console,
-                  entropy_segment: str = "latest") -> None:
-    for group in groups:
-        console.print(group_tree(group, entropy_segment))
+def print_rollout(result: RolloutResult, console: Console, entropy_segment: str = "latest") -> None:
+    for group, m in zip(result.groups, result.global_samples):
+        console.print(group_tree(group, m, entropy_segment))
     table = Table(title="rollout metrics (§7)")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key, value in metrics.items():
+    for key, value in result.metrics.items():
         table.add_row(key, f"{value:.4g}")
     console.print(table)
 
@@ -76,7 +77,6 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     """Build task, policy and engine from ``cfg``; roll out the first K training prompts once."""
     from aepo_rl.engines import build_engine
     from aepo_rl.models import encode_prompt, load_policy
-    from aepo_rl.rollout.tree import run_rollout
     from aepo_rl.tasks import get_task
 
     console = Console()
@@ -95,6 +95,6 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_rollouts(result.groups, out / "rollouts.jsonl")
-    print_rollout(result.groups, result.metrics, console, cfg.rollout.entropy_segment)
+    print_rollout(result, console, cfg.rollout.entropy_segment)
     console.print(f"wrote {sum(map(len, result.groups))} trajectories to {out / 'rollouts.jsonl'}")
     return 0

@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
@@ -47,6 +47,8 @@ class RolloutResult:
     groups: list[list[Trajectory]]
     """Exactly n trajectories per prompt (1 in validation), in creation order."""
     metrics: dict[str, float]
+    global_samples: list[int] = field(default_factory=list)
+    """m per prompt: its first m trajectories are global samples; later roots are restarts (§1.5)."""
 
 
 @dataclass
@@ -304,4 +306,4 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
         tree.close()
     seconds = time.perf_counter() - t0
     counters = {k: v - counters_before.get(k, 0.0) for k, v in engine.stats().items()}
-    return RolloutResult(groups, rollout_metrics(groups, ms, tree.consecutive_max, counters, seconds))
+    return RolloutResult(groups, rollout_metrics(groups, ms, tree.consecutive_max, counters, seconds), ms)

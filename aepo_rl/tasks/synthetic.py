@@ -21,7 +21,7 @@ from typing import Callable
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import SYSTEM_PROMPT, build_tools, chat_messages, format_result
+from aepo_rl.tasks.common import build_tools, chat_messages, format_result
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -452,9 +452,11 @@ class SyntheticTask:
                 return solution
 
     def texts(self) -> list[str]:
-        """Train-side text (system prompt, train questions and documents, demonstrations) for the
-        tokenizer; dev/test names occur in it only as low-ranked pages inside search results."""
+        """Train-side text (train prompts and documents, demonstrations) for the tokenizer; the
+        system prompt recurs with every prompt, so it compresses to few tokens. Dev/test names
+        occur only as low-ranked pages inside search results."""
         train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
                       if self.world.split_of[d["title"]] == "train"]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
-        return [SYSTEM_PROMPT, *(e.question for e in self.examples("train")), *train_docs, *demos]
+        prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
+        return [*prompts, *train_docs, *demos]

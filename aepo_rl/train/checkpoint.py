@@ -43,18 +43,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
-def atomic_torch_save(obj, path: str | Path) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def rng_state(engine=None) -> dict:
     """Python, numpy, torch and (when it has one) the engine's torch generator state."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -57,21 +57,34 @@ def train_main(cfg: Config | None, resume: str | None = None) -> int:
         ckpt.atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
         console.print(f"[bold]run folder[/] {run_dir}")
     t_start = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def timed(stage: str, start: float) -> None:
+        seconds[stage] = time.perf_counter() - start
+
     try:
+        t0 = time.perf_counter()
         task = _get_task(cfg)
         init_model_dir = run_sft_stage(cfg, run_dir, task=task)
+        timed("task+model+SFT", t0)
         results = _read_json(run_dir / "eval.json")
         if "sft" not in results:
+            t0 = time.perf_counter()
             results["sft"] = evaluate_model(cfg, init_model_dir, task)
             ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
-        results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
+            timed("SFT eval", t0)
+        if "rl" not in results:
+            t0 = time.perf_counter()
+            results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
+            timed("RL+eval", t0)
     except KeyboardInterrupt as stop:  # RunInterrupted (RL saved its last step) or Ctrl-C in SFT/eval
         where = f"after RL step {stop.step}" if isinstance(stop, RunInterrupted) else "before RL finished"
         console.print(f"[yellow]stopped {where}; continue with: aepo train --resume {run_dir}[/]")
         return 130
     write_plots(run_dir)
     console.print(before_after_table(results))
-    console.print(f"done in {time.perf_counter() - t_start:.0f} s; results in {run_dir}")
+    stages = ", ".join(f"{stage} {value:.0f} s" for stage, value in seconds.items())
+    console.print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
     return 0
 
 
@@ -154,6 +167,9 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     task = task or _get_task(cfg)
     latest = ckpt.latest_checkpoint(checkpoint_dir)
     state = ckpt.load_trainer_state(latest) if latest else None
+    random.seed(cfg.trainer.seed)  # before LoRA initialises its adapters; a resumed run restores its own state
+    np.random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
 
     if state is not None and state["adapter"] is not None:
         # LoRA: the saved folder has the adapters merged; rebuild base + adapters exactly.
@@ -168,23 +184,22 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     ref_model = _load_policy_from(cfg, init_model_dir, task)[0] if kl_on else None
     trainer = RLTrainer(cfg, model, tokenizer, task, engine, ref_model=ref_model)
 
+    # The release quirk entropy_baseline=slot_persistent (§1.4) keeps baselines across steps in the
+    # rollout module: start them empty, or as they were at the checkpoint.
     tree.reset_slot_baselines()
+    history: list[dict] = []
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         ckpt.set_rng_state(state["rng"], engine)
+        tree._SLOT_BASELINES.update(state["slot_baselines"])
         history = state["metrics"]
         console.print(f"resuming RL after step {trainer.global_step} from {latest}")
-    else:
-        random.seed(cfg.trainer.seed)
-        np.random.seed(cfg.trainer.seed)
-        torch.manual_seed(cfg.trainer.seed)
-        history = []
 
     def save() -> None:
         adapter = ({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
                    if cfg.model.lora_rank > 0 else None)
         state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(engine), "metrics": history,
-                 "init_model_dir": init_model_dir, "adapter": adapter}
+                 "init_model_dir": init_model_dir, "adapter": adapter, "slot_baselines": dict(tree._SLOT_BASELINES)}
         ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, tokenizer, state,
                              keep=cfg.trainer.keep_checkpoints)
 
@@ -262,14 +277,19 @@ def write_plots(run_dir: Path) -> None:
 
 
 def before_after_table(results: dict) -> Table:
-    table = Table(title="test split: cold-start SFT → RL")
-    for column in ("task/split", "pass@1 SFT", "pass@1 RL", "Δ pass@1", "pass@k SFT", "pass@k RL", "k"):
-        table.add_column(column, justify="right")
+    """One row per task/split and metric: SFT, RL and the change."""
+    table = Table(title="held-out evaluation: cold-start SFT → RL")
+    for column, justify in (("task/split", "left"), ("metric", "left"), ("SFT", "right"), ("RL", "right"),
+                            ("Δ", "right")):
+        table.add_column(column, justify=justify)
     for key, before in results.get("sft", {}).items():
         after = results.get("rl", {}).get(key, {})
-        delta = after.get("pass@1", float("nan")) - before["pass@1"]
-        table.add_row(key, f"{before['pass@1']:.3f}", f"{after.get('pass@1', float('nan')):.3f}", f"{delta:+.3f}",
-                      f"{before['pass@k']:.3f}", f"{after.get('pass@k', float('nan')):.3f}", str(before["k"]))
+        for metric in ("pass@1", "pass@k", "tool_calls/mean", "response_length/mean"):
+            if metric not in before:
+                continue
+            label = f"pass@{before['k']}" if metric == "pass@k" else metric
+            old, new = before[metric], after.get(metric, float("nan"))
+            table.add_row(key, label, f"{old:.3f}", f"{new:.3f}", f"{new - old:+.3f}")
     return table
 
 

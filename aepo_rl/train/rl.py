@@ -28,6 +28,7 @@ import hashlib
 import inspect
 import math
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -246,14 +247,15 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     epoch), so π_old is this very forward, detached; it and H_old are written into ``targets``
     for later PPO epochs. This saves the old-log-prob pass over those rows.
 
-    Micro-batches hold rows of similar length. Each micro-batch loss is weighted by its share of the mini-batch's aggregation units (tokens
-    for token-mean, sequences for the seq-mean modes), so the accumulated gradient equals the
-    gradient of the loss over the whole mini-batch while memory is bounded by the micro-batch.
-    Loss = policy loss (§2.3, §4) − entropy_coeff·agg(H) + kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
+    Micro-batches hold rows of similar length. Each micro-batch loss is weighted by its share of the
+    mini-batch's aggregation units (tokens for token-mean, sequences for the seq-mean modes), so the
+    accumulated gradient equals the gradient of the loss over the whole mini-batch while memory is
+    bounded by the micro-batch. Loss = policy loss (§2.3, §4) − entropy_coeff·agg(H) +
+    kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
 
     Entropy-aware advantage statistics (§2.2): for the mini-batch and group scopes they are
     computed once here from the OLD policy's entropies of the whole mini-batch (the policy that
-    generated the rollout), so z does not depend on micro-batch packing or on how far the policy
+    generated the rollout), so z depends neither on micro-batch packing nor on how far the policy
     moved in earlier mini-batches; the micro-batch scope (release) lets the loss use the current
     forward's entropies of each micro-batch.
     """
@@ -361,7 +363,12 @@ class RLTrainer:
         metrics["timing_s/gen"] = time.perf_counter() - t_step
         if groups:
             metrics.update(self.update(groups))
-        self.scheduler.step()
+            self.scheduler.step()
+        else:
+            metrics["actor/skipped_update"] = 1.0
+            with warnings.catch_warnings():  # the lr schedule counts RL steps, updated or not
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                self.scheduler.step()
         self.global_step += 1
         metrics["timing_s/step"] = time.perf_counter() - t_step
         return metrics

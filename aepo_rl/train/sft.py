@@ -137,8 +137,9 @@ def token_accuracy(model, samples: list[SFTSample], tokenizer, batch_size: int, 
         count += int(mask.sum())
         if open_id is None or close_id is None:
             continue
-        # answer span in target coordinates: after the <answer> target, through the first </answer>
-        is_open, is_close = (targets == open_id).long(), (targets == close_id).long()
+        # answer span in target coordinates: after the model's <answer>, through its first </answer>
+        # (tags in the prompt, e.g. the system message's format example, are not trained: skipped)
+        is_open, is_close = ((targets == open_id) & mask).long(), ((targets == close_id) & mask).long()
         span = (is_open.cumsum(1) - is_open > 0) & (is_close.cumsum(1) - is_close == 0) & mask
         has_span = span.any(1)
         answers += int(has_span.sum())
@@ -168,6 +169,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
         raise ValueError("SFT got no demonstrations: the task's demonstrations() is empty")
     torch.manual_seed(cfg.trainer.seed)
     rng = random.Random(cfg.trainer.seed)
+    trainable_before = {name: p.requires_grad for name, p in model.named_parameters()}
     trainee = apply_lora(model, cfg.model)
     trainee.train()
     params = [p for p in trainee.parameters() if p.requires_grad]
@@ -201,6 +203,8 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     trainee.eval()
     if trainee is not model:
         trainee.merge_and_unload()  # writes the merged weights into ``model``'s own modules
+        for name, p in model.named_parameters():
+            p.requires_grad_(trainable_before[name])  # peft froze the base weights
     model.eval()
     last_epoch = losses[-steps_per_epoch:] if losses else [float("nan")]
     metrics = {"loss_curve": losses, "lr_curve": lrs, "final_loss": sum(last_epoch) / len(last_epoch),
