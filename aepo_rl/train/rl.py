@@ -145,18 +145,21 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(y_t | prefix) of the taken response tokens and the full-vocabulary entropy H_t, both [B, R].
 
-    Only the response positions are projected onto the vocabulary (``logits_to_keep`` holds, per
-    row, the position before each response token). No attention mask is needed: with right
-    padding and causal attention a real token never sees a pad. Log-softmax runs in float32.
-    ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise it is detached.
+    Only positions from the shortest prompt on are projected onto the vocabulary
+    (``logits_to_keep``), then each row's response positions are gathered. No attention mask is
+    needed: with right padding and causal attention a real token never sees a pad. Log-softmax
+    runs in float32. ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise
+    it is detached.
     """
-    response_length = batch.responses.shape[1]
-    positions = batch.prompt_lengths[:, None] - 1 + torch.arange(response_length)[None, :]
-    positions = positions.clamp(max=batch.input_ids.shape[1] - 1)  # pads read any valid position; masked later
+    first = int(batch.prompt_lengths.min()) - 1  # the position that predicts the earliest response token
+    window = torch.arange(first, batch.input_ids.shape[1])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     with autocast:
-        logits = model(input_ids=batch.input_ids, logits_to_keep=positions, use_cache=False).logits
-    logits = logits.float()
+        logits = model(input_ids=batch.input_ids, logits_to_keep=window, use_cache=False).logits
+    # Response token j of row i is predicted at position prompt_length_i − 1 + j (pads: any valid one).
+    positions = batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None, :]
+    index = (positions - first).clamp(max=len(window) - 1)
+    logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, batch.responses[..., None]).squeeze(-1)
     if entropy_grad:
         entropy = algorithms.entropy_from_logits(logits)
@@ -166,7 +169,6 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     return log_probs, entropy
 
 
-@torch.no_grad()
 def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
     """``rows`` sorted by sequence length, so each micro-batch holds similar lengths (less padding)."""
     return rows[torch.argsort(batch.sequence_lengths[rows], stable=True)]
