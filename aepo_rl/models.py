@@ -116,13 +116,19 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
 
 def train_tiny_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE trained on ``texts``; ChatML specials, tool tags as single tokens, ChatML template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     if not texts:
         raise ValueError("the tiny tokenizer needs text: task.texts() returned nothing")
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Whitespace, each digit and each punctuation mark are pieces of their own, so a name or a
+    # number is the same tokens wherever it stands ("<search>Vela" vs " Vela", "{1995}" vs " 1995"):
+    # copying from the question or a search result is then an identity map a tiny model learns fast.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s+|\d|[^\w\s]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -7,9 +7,9 @@ Both sides train the same tiny default model (``model.tiny_*``) on the same roll
 clipping); the bare side runs masked cross-entropy over the same micro-batches with one AdamW step
 per mini-batch. Prints tokens/s of each, side by side, and finally ``ratio train/bare: <value>``.
 The RL side must compute log π_old before the update for every mini-batch but the first (the
-first is on-policy: its training forward gives π_old); the default ``aepo`` preset also needs
-the old policy's entropies of the first mini-batch for its mini-batch statistics (§2.2), so its
-old-log-prob pass covers every row.
+first is on-policy: its training forward gives π_old). The ``aepo`` preset's mini-batch entropy
+statistics (§2.2) use the entropies the engine recorded during the rollout, as with the HF engine,
+which shares the model (a stand-in engine here), so they cost no extra pass.
 
     python benchmarks/bench_train.py [--repeats 5] [--preset aepo] [dotted overrides, e.g. trainer.bf16=true]
 """
@@ -113,7 +113,8 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
 
     ours_model, bare_model = copy.deepcopy(base), copy.deepcopy(base)
-    trainer = RLTrainer(cfg, ours_model, tokenizer, _NoTask(), engine=None)
+    engine = type("SharedModelEngine", (), {"model": ours_model})()  # like HFEngine: shares the policy's model
+    trainer = RLTrainer(cfg, ours_model, tokenizer, _NoTask(), engine=engine)
     bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.trainer.lr,
                                        weight_decay=cfg.trainer.weight_decay)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.trainer.bf16)

@@ -11,10 +11,12 @@ import torch
 from aepo_rl import algorithms
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
+from aepo_rl.models import apply_lora
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
 from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
-                              build_optimizer, collate, last_token_rewards, response_logprobs)
+                              batched_logprobs, build_optimizer, collate, last_token_rewards, recorded,
+                              response_logprobs)
 from conftest import build_tiny_model
 
 
@@ -308,3 +310,41 @@ def test_kl_entropy_bonus_epochs_and_bf16_options_run(tiny_tokenizer, overrides)
         assert metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
     if cfg.algorithm.use_kl_in_reward:
         assert "actor/reward_kl_penalty" in metrics
+
+
+@pytest.mark.parametrize("scope", ["mini-batch", "group"])
+def test_entropy_stats_from_the_engines_recorded_entropies_equal_a_forward_pass(tiny_tokenizer, scope):
+    """The HF engine shares the model, so its recorded entropies are H_old (§2.2): no extra pass needed."""
+    cfg = load_config("aepo", overrides={**TINY_RL, "rollout.n": 3, "algorithm.entropy_adv_scope": scope})
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    groups, _ = trainer.generate()
+    trajectories = [t for g in groups for t in g.trajectories]
+    group_index = [i for i, g in enumerate(groups) for _ in g.trajectories]
+    batch = collate(trajectories, group_index, tiny_tokenizer.pad_token_id)
+    engine_entropy = recorded(trajectories, "entropies", batch.response_mask)
+    _, forward_entropy = batched_logprobs(model, batch, torch.arange(batch.num_rows), 2, bf16=False)
+    mask = batch.response_mask
+    torch.testing.assert_close(engine_entropy * mask, forward_entropy * mask, atol=1e-4, rtol=0)
+    for ours, reference in zip(algorithms.entropy_stats(engine_entropy, mask, scope, index=batch.group_index),
+                               algorithms.entropy_stats(forward_entropy, mask, scope, index=batch.group_index)):
+        torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
+    assert float(algorithms.entropy_stats(engine_entropy, mask, scope, index=batch.group_index)[1].min()) != 1.0
+
+
+def test_recorded_values_must_cover_every_response_token():
+    traj = make_traj([3], [7, 8, 9], [1, 1, 1])
+    traj.entropies = [0.5, 0.5]
+    with pytest.raises(ValueError, match="p/0: entropies has 2 entries for 3 response tokens"):
+        recorded([traj], "entropies", torch.zeros(1, 3))
+
+
+def test_an_rl_step_with_lora_changes_only_the_adapter_weights(tiny_tokenizer):
+    cfg = load_config("aepo", overrides={**TINY_RL, "model.lora_rank": 2, "model.lora_target_modules": ["q_proj", "v_proj"]})
+    model = apply_lora(build_tiny_model(tiny_tokenizer, seed=1), cfg.model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    trainer.step()
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all("lora_" in k for k in changed), sorted(changed)
+    assert {k for k in before if "lora_B" in k} <= changed  # B starts at 0 and must move

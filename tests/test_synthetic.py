@@ -165,3 +165,15 @@ def test_asking_for_more_questions_than_exist_fails_clearly():
     world = build_world(0, {"train": 8, "dev": 8, "test": 8})
     with pytest.raises(ValueError, match="cannot draw 500 distinct dev questions"):
         make_questions(world, "dev", 500, random.Random(0), max_hops=1, arithmetic_fraction=1.0)
+
+
+def test_get_task_passes_cache_dir_and_the_rollouts_tool_limits_to_the_tools(tmp_path, monkeypatch):
+    import aepo_rl.tasks.common as common
+
+    calls = {}
+    monkeypatch.setattr(common, "get_tool", lambda name, **kwargs: calls.setdefault(name, kwargs))
+    cfg = load_config(overrides={**{f"task.{k}": v for k, v in SMALL.items()}, "model.cache_dir": str(tmp_path),
+                                 "rollout.tool_timeout": 5.0, "rollout.tool_workers": 3})
+    get_task(cfg).tools()
+    assert calls["search"]["cache_dir"] == str(tmp_path)
+    assert calls["python"] == {"timeout": 4.0, "pool_size": 3}  # 0.8 × tool_timeout: the sandbox reports first

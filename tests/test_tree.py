@@ -277,6 +277,10 @@ def test_slot_persistent_baseline_survives_calls(tiny_tokenizer, monkeypatch):
     c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent")
     scripted_uniforms(monkeypatch, [0.0, 0.0])
     run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c)
+    state = tree.slot_baselines_state()  # a checkpoint round trip keeps them too
+    tree.reset_slot_baselines()
+    tree.load_slot_baselines_state(state)
+    assert tree.slot_baselines_state() == state and state and set(state.values()) == {2.0}
     scripted_uniforms(monkeypatch, [0.0, 0.0])
     result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c)
     # slot 0's baseline is still the first call's 2.0, not this trajectory's own 5.0

@@ -42,6 +42,17 @@ def reset_slot_baselines() -> None:
     _SLOT_BASELINES.clear()
 
 
+def slot_baselines_state() -> dict[int, float]:
+    """A copy of the release-quirk baselines (§1.4), for a checkpoint."""
+    return dict(_SLOT_BASELINES)
+
+
+def load_slot_baselines_state(state: dict[int, float]) -> None:
+    """Replace the release-quirk baselines (§1.4) with those of :func:`slot_baselines_state` (resume)."""
+    _SLOT_BASELINES.clear()
+    _SLOT_BASELINES.update({int(slot): float(h) for slot, h in state.items()})
+
+
 @dataclass
 class RolloutResult:
     groups: list[list[Trajectory]]

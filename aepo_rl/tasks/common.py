@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from aepo_rl.config import TaskConfig
+from dataclasses import dataclass
+
+from aepo_rl.config import Config, TaskConfig
 from aepo_rl.tools.base import Tool, get_tool
 
 _TOOL_LINES = {"search": "<search>query</search> searches", "python": "<python>code</python> runs Python"}
@@ -28,10 +30,32 @@ def format_result(output: str) -> str:
     return f" <result>\n{output}\n</result>"
 
 
+SANDBOX_TIMEOUT_SHARE = 0.8
+"""The python sandbox's timeout as a share of ``rollout.tool_timeout``: the sandbox kills the code and
+reports the timeout itself before the rollout stops waiting for the call."""
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """Tool settings from outside ``TaskConfig``: where search indexes are cached, the sandbox's limits."""
+
+    cache_dir: str
+    python_timeout: float
+    python_workers: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ToolOptions:
+        """``model.cache_dir``; ``rollout.tool_timeout`` × SANDBOX_TIMEOUT_SHARE; ``rollout.tool_workers``."""
+        return cls(cfg.model.cache_dir, SANDBOX_TIMEOUT_SHARE * cfg.rollout.tool_timeout, cfg.rollout.tool_workers)
+
+
 def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
-                allowed: tuple[str, ...] = ("search", "python")) -> dict[str, Tool]:
+                allowed: tuple[str, ...] = ("search", "python"), options: ToolOptions | None = None
+                ) -> dict[str, Tool]:
     """Tools by tag. Search queries ``task_cfg.search_url`` when set, else an in-process BM25 index
-    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus."""
+    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus.
+    ``options`` default to those of the default :class:`Config`."""
+    options = options or ToolOptions.from_config(Config())
     tools: dict[str, Tool] = {}
     if "search" in allowed:
         if task_cfg.search_url:
@@ -41,7 +65,7 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
             if source is None:
                 raise ValueError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
                                  "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
-            tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk)
+            tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir)
     if "python" in allowed:
-        tools["python"] = get_tool("python")
+        tools["python"] = get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers)
     return tools

@@ -22,7 +22,7 @@ from pathlib import Path
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import build_tools, chat_messages, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
 from aepo_rl.tools.base import Tool
 
 
@@ -147,8 +147,8 @@ class FileTask:
     when it is set to something other than the default ``deep_research``.
     """
 
-    def __init__(self, task_cfg: TaskConfig):
-        self.cfg = task_cfg
+    def __init__(self, task_cfg: TaskConfig, tool_options: ToolOptions | None = None):
+        self.cfg, self.tool_options = task_cfg, tool_options
         self.name = task_cfg.name
         spec = EVAL_SETS.get(task_cfg.name) if task_cfg.name != "file" else None
         self.allowed_tools = spec.tools if spec else ("search", "python")
@@ -169,7 +169,7 @@ class FileTask:
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
-            self._tools = build_tools(self.cfg, allowed=self.allowed_tools)
+            self._tools = build_tools(self.cfg, allowed=self.allowed_tools, options=self.tool_options)
         return self._tools
 
     def reward(self, example: Example, response_text: str) -> float:

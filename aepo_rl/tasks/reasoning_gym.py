@@ -11,17 +11,17 @@ from __future__ import annotations
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import FORMAT_PENALTY, extract_answer, format_error
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import build_tools, chat_messages, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
 from aepo_rl.tools.base import Tool
 
 _TOOLS = ("python",)
 
 
 class ReasoningGymTask:
-    def __init__(self, task_cfg: TaskConfig, generator: str):
+    def __init__(self, task_cfg: TaskConfig, generator: str, tool_options: ToolOptions | None = None):
         import reasoning_gym
 
-        self.cfg = task_cfg
+        self.cfg, self.tool_options = task_cfg, tool_options
         self.name = f"reasoning_gym:{generator}"
         sizes = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}
         self._datasets, self._examples, self._entries = {}, {}, {}
@@ -49,7 +49,7 @@ class ReasoningGymTask:
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
-            self._tools = build_tools(self.cfg, allowed=_TOOLS)
+            self._tools = build_tools(self.cfg, allowed=_TOOLS, options=self.tool_options)
         return self._tools
 
     def _score(self, example: Example, response_text: str) -> float:

@@ -21,7 +21,7 @@ from typing import Callable
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import build_tools, chat_messages, format_result
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, format_result
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -386,8 +386,9 @@ class SyntheticTask:
 
     name = "synthetic"
 
-    def __init__(self, task_cfg: TaskConfig, tools: dict[str, Tool] | None = None):
-        self.cfg = task_cfg
+    def __init__(self, task_cfg: TaskConfig, tools: dict[str, Tool] | None = None,
+                 tool_options: ToolOptions | None = None):
+        self.cfg, self.tool_options = task_cfg, tool_options
         counts = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}
         self.world = build_world(task_cfg.seed, counts)
         self._examples = {
@@ -405,7 +406,7 @@ class SyntheticTask:
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
-            self._tools = build_tools(self.cfg, corpus=self.world.corpus)
+            self._tools = build_tools(self.cfg, corpus=self.world.corpus, options=self.tool_options)
         return self._tools
 
     def reward(self, example: Example, response_text: str) -> float:

@@ -191,7 +191,7 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         ckpt.set_rng_state(state["rng"], engine)
-        tree._SLOT_BASELINES.update(state["slot_baselines"])
+        tree.load_slot_baselines_state(state["slot_baselines"])
         history = state["metrics"]
         console.print(f"resuming RL after step {trainer.global_step} from {latest}")
 
@@ -199,7 +199,7 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
         adapter = ({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
                    if cfg.model.lora_rank > 0 else None)
         state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(engine), "metrics": history,
-                 "init_model_dir": init_model_dir, "adapter": adapter, "slot_baselines": dict(tree._SLOT_BASELINES)}
+                 "init_model_dir": init_model_dir, "adapter": adapter, "slot_baselines": tree.slot_baselines_state()}
         ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, tokenizer, state,
                              keep=cfg.trainer.keep_checkpoints)
 

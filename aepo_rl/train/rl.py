@@ -11,7 +11,8 @@ One RL step (:meth:`RLTrainer.step`):
    loss mask from ``traj.loss_mask`` (tool-result tokens 0);
 5. old log-probs and entropies: one batched no-grad forward of the rollout policy (skipped for the
    first mini-batch when nothing needs them before the update: that mini-batch is on-policy, so its
-   own training forward, detached, is π_old); the reference model's log-probs only when a KL term is on;
+   own training forward, detached, is π_old); H_old from the engine's recorded entropies when the
+   engine shares the model (§2.2); the reference model's log-probs only when a KL term is on;
 6. token-level rewards: the (overlong-shaped, §4) score on the last trained response token, minus
    ``kl_coef`` × KL when the KL goes in the reward (REINFORCE++, §4);
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
@@ -169,6 +170,18 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     return log_probs, entropy
 
 
+def recorded(trajectories: list[Trajectory], field: str, like: torch.Tensor) -> torch.Tensor:
+    """The engine's per-token ``logprobs`` or ``entropies`` of each trajectory as a right-padded tensor shaped like ``like``."""
+    out = torch.zeros_like(like)
+    for i, traj in enumerate(trajectories):
+        values = getattr(traj, field)
+        if len(values) != len(traj.response_token_ids):
+            raise ValueError(f"trajectory {traj.prompt_id}/{traj.traj_id}: {field} has {len(values)} entries "
+                             f"for {len(traj.response_token_ids)} response tokens")
+        out[i, :len(values)] = torch.tensor(values, dtype=out.dtype)
+    return out
+
+
 def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
     """``rows`` sorted by sequence length, so each micro-batch holds similar lengths (less padding)."""
     return rows[torch.argsort(batch.sequence_lengths[rows], stable=True)]
@@ -181,7 +194,7 @@ def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: 
     was_training = model.training
     model.eval()
     log_probs, entropies = torch.zeros_like(batch.response_mask), torch.zeros_like(batch.response_mask)
-    for micro in torch.split(by_length(batch, rows), micro_batch_size):
+    for micro in torch.split(by_length(batch, rows), micro_batch_size) if len(rows) else ():
         log_probs[micro], entropies[micro] = response_logprobs(model, batch.rows(micro), bf16=bf16)
     model.train(was_training)
     return log_probs, entropies
@@ -430,8 +443,15 @@ class RLTrainer:
         # Old policy = the rollout policy: one batched no-grad forward (log π_old, H_old). The first
         # mini-batch of the first epoch is on-policy, so its training forward provides them, unless
         # they are needed before the update (KL in the reward; mini-batch/group entropy statistics).
+        # H_old for the §2.2 mini-batch/group statistics: an engine that shares this model object (the
+        # HF engine) recorded, for every generated token, the full-vocabulary entropy of the untempered
+        # distribution of these very weights, i.e. exactly H_old of every row (tool tokens: 0, masked)
+        # — for every mini-batch, since the statistics always use π_old, also after optimizer steps —
+        # so they need no forward pass (nor bf16 autocast's rounding). Any other engine (a server)
+        # only approximates them, so then the old-log-prob pass covers every row.
+        engine_shares_policy = getattr(self.engine, "model", None) is self.model
         needs_old_entropy = (algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0
-                             and algo.entropy_adv_scope != "micro-batch")
+                             and algo.entropy_adv_scope != "micro-batch" and not engine_shares_policy)
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
         if reuse_first:
@@ -439,6 +459,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
                                                       cfg.trainer.micro_batch_size, cfg.trainer.bf16)
+        if engine_shares_policy:
+            old_entropy = recorded(trajectories, "entropies", mask)
         ref_log_probs = None
         if self.kl_on:
             ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows),
@@ -489,9 +511,7 @@ class RLTrainer:
         metrics.update({key: value / optimizer_steps for key, value in sums.items()})
         metrics["timing_s/update"] = time.perf_counter() - t0
         metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
-        rollout_log_probs = torch.zeros_like(mask)
-        for i, traj in enumerate(trajectories):
-            rollout_log_probs[i, :len(traj.logprobs)] = torch.tensor(traj.logprobs)
+        rollout_log_probs = recorded(trajectories, "logprobs", mask)
         metrics["rollout/logprob_abs_diff"] = _masked_mean((targets.old_log_probs - rollout_log_probs).abs(), mask)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
