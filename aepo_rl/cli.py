@@ -28,6 +28,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aepo_rl.train.pipeline import train_main
 
     if args.resume:
+        if args.overrides or args.config_file or args.preset != "aepo":
+            raise ConfigError("--resume continues a run with its own config.yaml; drop --preset, --config and overrides")
         return train_main(None, resume=args.resume)
     return train_main(_config(args))
 
@@ -41,7 +43,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from aepo_rl.evaluate import eval_main
 
-    extra = {"eval.samples": args.samples}
+    extra = {"eval.samples": args.samples} if args.samples is not None else {}
     if args.task:
         extra["task.name"] = args.task
     if args.greedy:
@@ -65,7 +67,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from aepo_rl.rollout.cli import rollout_main
 
-    extra = {"task.name": args.task}
+    extra = {"task.name": args.task} if args.task else {}
     if args.model:
         extra["model.path"] = args.model
     return rollout_main(_config(args, extra), num_prompts=args.num_prompts, out_dir=args.out,
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--model", default=None, help="Hugging Face model folder")
     p.add_argument("--task", default=None, help="task name (default: config task.name)")
-    p.add_argument("--samples", type=int, default=4, help="samples per question K")
+    p.add_argument("--samples", type=int, default=None, help="samples per question K (default eval.samples)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL to evaluate instead of --model")
@@ -138,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="run one tree rollout and print each prompt's tree")
     _config_args(p)
-    p.add_argument("--task", default="synthetic")
+    p.add_argument("--task", default=None, help="task name (default: config task.name, synthetic)")
     p.add_argument("--num-prompts", type=int, default=2)
     p.add_argument("--out", default="runs/rollout")
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")

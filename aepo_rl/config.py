@@ -232,7 +232,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _closest(name: str, options: list[str]) -> str:
-    match = difflib.get_close_matches(name, options, n=1, cutoff=0.0)
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
@@ -294,7 +294,8 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
         if part not in names:
             prefix = ".".join(parts[:depth])
             full = [f"{prefix}.{n}" if prefix else n for n in names]
-            raise ConfigError(f"unknown config key '{dotted}'{_closest(dotted, full)}")
+            hint = _closest(dotted, full) or f"; valid keys: {', '.join(full)}"
+            raise ConfigError(f"unknown config key '{dotted}'{hint}")
         tp = _field_types(type(obj))[part]
         if depth == len(parts) - 1:
             if _is_section(tp):

@@ -122,11 +122,11 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int):
     if not texts:
         raise ValueError("the tiny tokenizer needs text: task.texts() returned nothing")
     bpe = Tokenizer(models.BPE())
-    # Whitespace, each digit and each punctuation mark are pieces of their own, so a name or a
-    # number is the same tokens wherever it stands ("<search>Vela" vs " Vela", "{1995}" vs " 1995"):
-    # copying from the question or a search result is then an identity map a tiny model learns fast.
+    # Whitespace and each punctuation mark are pieces of their own, so a word or a number is the
+    # same tokens wherever it stands ("<search>Vela" vs " Vela", "{1995}" vs " 1995"): copying
+    # from the question or a search result is then an identity map a tiny model learns fast.
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s+|\d|[^\w\s]"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\s+|[^\w\s]"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from aepo_rl.jsonl import JsonlError, read_jsonl
+
 
 class MetricsError(ValueError):
     """A run folder or its metrics.jsonl is missing or malformed; the message names the file."""
@@ -55,16 +57,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise MetricsError(f"{path} does not exist: is {run} a run folder?")
+    try:
+        lines = list(read_jsonl(path))
+    except JsonlError as err:
+        raise MetricsError(str(err)) from None
     by_step: dict[int, dict] = {}
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise MetricsError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-        if not isinstance(record, dict):
-            raise MetricsError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+    for lineno, record in lines:
         step = record.get("step")
         if isinstance(step, bool) or not isinstance(step, int):
             raise MetricsError(f"{path}:{lineno}: missing integer 'step' field (got {step!r})")

@@ -24,6 +24,8 @@ from typing import Callable
 
 import httpx
 
+from aepo_rl.jsonl import read_jsonl
+
 Reward = Callable[..., float]
 
 MULTI_TOOL_BONUS = 0.1  # §3: added when f1 > 0 and both search and python were used
@@ -219,9 +221,7 @@ class LLMJudge:
         self._lock = threading.Lock()
         self._cache: dict[str, float] = {}
         if self.cache_path and self.cache_path.exists():
-            for line in self.cache_path.read_text().splitlines():
-                entry = json.loads(line)
-                self._cache[entry["key"]] = entry["score"]
+            self._cache = {entry["key"]: entry["score"] for _, entry in read_jsonl(self.cache_path)}
 
     def _endpoint(self) -> str:
         return self.url if self.url.endswith("/chat/completions") else f"{self.url}/chat/completions"

@@ -18,6 +18,8 @@ from aepo_rl.evaluate import eval_main, evaluate, pass_at_k, score_groups
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tasks.base import Example
 
+from fakes import EchoSearch
+
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
     """Share of the k-subsets of n samples (c correct) that contain a correct one."""
@@ -300,14 +302,6 @@ class AnswerScriptEngine:
 
     def stats(self):
         return {"prefill_tokens": 0.0, "decode_tokens": 0.0}
-
-
-class EchoSearch:
-    name = tag = "search"
-    description = "echo"
-
-    def run(self, arg):
-        return f"found {arg}"
 
 
 def test_evaluate_through_the_real_rollout(tiny_tokenizer):

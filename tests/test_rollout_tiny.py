@@ -9,8 +9,6 @@ else is the random model's own sampling, so trajectories differ in length, calls
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 from transformers import Qwen3ForCausalLM
@@ -18,6 +16,8 @@ from transformers import Qwen3ForCausalLM
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.tree import run_rollout
+
+from fakes import EchoSearch
 
 
 class SteeredQwen3(Qwen3ForCausalLM):
@@ -47,18 +47,6 @@ def steer(model, tok) -> SteeredQwen3:
     steered.load_state_dict(model.state_dict())
     steered.register_buffer("steering", bias, persistent=False)
     return steered.eval()
-
-
-@dataclass
-class EchoSearch:
-    name: str = "search"
-    tag: str = "search"
-    description: str = "returns its query"
-    calls: list[str] = field(default_factory=list)
-
-    def run(self, arg):
-        self.calls.append(arg)
-        return f"found {arg}"
 
 
 @pytest.fixture(scope="module")

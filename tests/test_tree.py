@@ -17,6 +17,8 @@ from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonito
 from aepo_rl.rollout.metrics import subtree_roots
 from aepo_rl.rollout.tree import run_rollout
 
+from fakes import EchoSearch
+
 
 @dataclass
 class FakeSeq:
@@ -89,24 +91,12 @@ class FakeEngine:
         return {"prefill_tokens": 0.0, "decode_tokens": float(self.decode_tokens)}
 
 
-@dataclass
-class FakeTool:
-    name: str = "search"
-    tag: str = "search"
-    description: str = "fake search"
-    calls: list[str] = field(default_factory=list)
-
-    def run(self, arg):
-        self.calls.append(arg)
-        return f"found {arg}"
-
-
-class RaisingTool(FakeTool):
+class RaisingTool(EchoSearch):
     def run(self, arg):
         raise RuntimeError("index missing")
 
 
-class BlockingTool(FakeTool):
+class BlockingTool(EchoSearch):
     def __init__(self):
         super().__init__()
         self.gate = threading.Event()
@@ -141,7 +131,7 @@ def prompts(tok, k=1):
 
 
 def tools():
-    return {"search": FakeTool()}
+    return {"search": EchoSearch()}
 
 
 # --- §1.4 branch probability -------------------------------------------------------------
@@ -342,7 +332,7 @@ def test_loss_mask_and_result_block(tiny_tokenizer):
 
 
 def test_call_limit_stops_without_executing(tiny_tokenizer):
-    search = FakeTool()
+    search = EchoSearch()
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(10))
     c = cfg(mode="independent", n=1, call_limit=2)
     t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
@@ -363,7 +353,7 @@ def test_response_budget_counts_tool_tokens(tiny_tokenizer):
 
 
 def test_call_closing_at_the_budget_is_not_executed(tiny_tokenizer):
-    search = FakeTool()
+    search = EchoSearch()
     budget = len(tiny_tokenizer.encode("<search>q0</search>", add_special_tokens=False))
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(1))
     c = cfg(mode="independent", n=1, max_response_length=budget)
@@ -374,7 +364,7 @@ def test_call_closing_at_the_budget_is_not_executed(tiny_tokenizer):
 @pytest.mark.parametrize("text, reason", [("<search> </search>", "empty_call"), ("oops</search>", "empty_call"),
                                           ("<search>abc<|im_end|>", "eos"), ("<search>abc", "no_call")])
 def test_empty_and_unclosed_tags_end_the_trajectory(tiny_tokenizer, text, reason):
-    search = FakeTool()
+    search = EchoSearch()
     engine = FakeEngine(tiny_tokenizer, lambda seq: (text, 1.0))
     t = run_rollout(engine, prompts(tiny_tokenizer), {"search": search}, cfg(mode="independent", n=1)).groups[0][0]
     assert t.finish_reason == reason and search.calls == [] and t.num_tool_calls == 0
@@ -396,7 +386,7 @@ def test_tool_error_and_timeout_continue(tiny_tokenizer):
 
 
 def test_identical_calls_are_cached(tiny_tokenizer):
-    search = FakeTool()
+    search = EchoSearch()
     script = lambda s: ("<search>same</search>" if s.rounds < 2 else "<answer>y</answer>", 1.0)
     run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer, 2), {"search": search},
                 cfg(mode="independent", n=3))
@@ -407,7 +397,7 @@ def test_hermes_garbled_json_continues(tiny_tokenizer):
     script = lambda s: (['<tool_call>{"name": "search", "arguments": {"query": "a"</tool_call>',
                          '<tool_call>{"name": "search", "arguments": {"query": "b"}}</tool_call>',
                          "<answer>y</answer>"][s.rounds], 1.0)
-    search = FakeTool()
+    search = EchoSearch()
     c = cfg(mode="independent", n=1, tool_format="hermes")
     t = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
     assert t.tool_calls[0].error and t.tool_calls[0].result.startswith("Error: the tool call is not valid JSON")

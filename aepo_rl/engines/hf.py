@@ -21,6 +21,7 @@ import torch
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
 from aepo_rl.engines.sampling import check_params, sample_tokens, token_statistics
+from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
 
 
@@ -60,8 +61,7 @@ class HFEngine:
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in parameters
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._sequences: dict[int, _Sequence] = {}
-        self._next_id = 0
+        self._sequences: SequenceTable[_Sequence] = SequenceTable("HFEngine")
         self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
         self._new_prompts: dict[tuple[int, ...], Context] = {}
         """Contexts of prompts added since the last generate, by token ids (run at most once)."""
@@ -75,42 +75,30 @@ class HFEngine:
         key = tuple(prompt_token_ids)
         if key not in self._new_prompts:
             self._new_prompts[key] = Context(None, 0, list(prompt_token_ids))
-        seq_id = self._next_id
-        self._next_id += 1
-        self._sequences[seq_id] = _Sequence(list(prompt_token_ids), self._new_prompts[key])
-        return seq_id
+        return self._sequences.add(_Sequence(list(prompt_token_ids), self._new_prompts[key]))
 
     def fork(self, seq_id: int) -> int:
         """Share the parent's Context: cached rows and pending tokens are computed once for both."""
-        parent = self._get(seq_id)
-        child = self._next_id
-        self._next_id += 1
-        self._sequences[child] = _Sequence(list(parent.token_ids), parent.context)
-        return child
+        parent = self._sequences[seq_id]
+        return self._sequences.add(_Sequence(list(parent.token_ids), parent.context))
 
     def append(self, seq_id: int, token_ids: list[int]) -> None:
         if not token_ids:
             return
-        seq = self._get(seq_id)
+        seq = self._sequences[seq_id]
         old = seq.context
         seq.context = Context(old.kv, old.n_cached, old.pending + list(token_ids), old.pending_generated)
         seq.token_ids.extend(token_ids)
 
     def release(self, seq_id: int) -> None:
-        self._get(seq_id)
-        del self._sequences[seq_id]
+        self._sequences.release(seq_id)
 
     def stats(self) -> dict[str, float]:
         return dict(self.counters)
 
     def token_ids(self, seq_id: int) -> list[int]:
         """The sequence's whole context (prompt, generated and appended tokens)."""
-        return list(self._get(seq_id).token_ids)
-
-    def _get(self, seq_id: int) -> _Sequence:
-        if seq_id not in self._sequences:
-            raise KeyError(f"HFEngine: unknown or released sequence id {seq_id}")
-        return self._sequences[seq_id]
+        return list(self._sequences[seq_id].token_ids)
 
     def _stop_matcher(self, stops: tuple[str, ...]) -> StopMatcher:
         if stops not in self._stop_matchers:
@@ -126,7 +114,7 @@ class HFEngine:
             raise ValueError(f"generate: duplicate sequence ids in {seq_ids}")
         if any(n < 0 for n in max_new_tokens):
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-        sequences = [self._get(s) for s in seq_ids]
+        sequences = [self._sequences[s] for s in seq_ids]
         self._new_prompts.clear()
         segments = [Segment([], [], [], [], "length") for _ in seq_ids]
         rows = [_Row(i, n) for i, n in enumerate(max_new_tokens) if n > 0]

@@ -27,6 +27,7 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.sampling import top_k_entropy
+from aepo_rl.engines.sequences import SequenceTable
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -57,8 +58,7 @@ class OpenAIEngine:
         self.prompt_format = prompt_format
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = http_client or httpx.Client(timeout=timeout, headers=headers)
-        self._sequences: dict[int, list[int]] = {}
-        self._next_id = 0
+        self._sequences: SequenceTable[list[int]] = SequenceTable("OpenAIEngine")
         self._requests = 0
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0}
 
@@ -66,40 +66,28 @@ class OpenAIEngine:
     def add_sequence(self, prompt_token_ids: list[int]) -> int:
         if not prompt_token_ids:
             raise ValueError("add_sequence: prompt_token_ids is empty")
-        return self._new(list(prompt_token_ids))
+        return self._sequences.add(list(prompt_token_ids))
 
     def fork(self, seq_id: int) -> int:
-        return self._new(list(self._get(seq_id)))
+        return self._sequences.add(list(self._sequences[seq_id]))
 
     def append(self, seq_id: int, token_ids: list[int]) -> None:
-        self._get(seq_id).extend(token_ids)
+        self._sequences[seq_id].extend(token_ids)
 
     def release(self, seq_id: int) -> None:
-        self._get(seq_id)
-        del self._sequences[seq_id]
+        self._sequences.release(seq_id)
 
     def stats(self) -> dict[str, float]:
         return dict(self.counters)
 
     def token_ids(self, seq_id: int) -> list[int]:
-        return list(self._get(seq_id))
-
-    def _new(self, token_ids: list[int]) -> int:
-        seq_id = self._next_id
-        self._next_id += 1
-        self._sequences[seq_id] = token_ids
-        return seq_id
-
-    def _get(self, seq_id: int) -> list[int]:
-        if seq_id not in self._sequences:
-            raise KeyError(f"OpenAIEngine: unknown or released sequence id {seq_id}")
-        return self._sequences[seq_id]
+        return list(self._sequences[seq_id])
 
     # ---------------------------------------------------------------- generation
     def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
         if len(seq_ids) != len(max_new_tokens):
             raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
-        contexts = [self._get(s) for s in seq_ids]
+        contexts = [self._sequences[s] for s in seq_ids]
         jobs = []
         for context, budget in zip(contexts, max_new_tokens):
             jobs.append((list(context), budget, self.seed + self._requests))

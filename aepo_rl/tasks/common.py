@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aepo_rl.config import Config, TaskConfig
+from aepo_rl.tasks.base import Example
 from aepo_rl.tools.base import Tool, get_tool
 
 _TOOL_LINES = {"search": "<search>query</search> searches", "python": "<python>code</python> runs Python"}
@@ -23,6 +24,13 @@ SYSTEM_PROMPT = system_prompt()
 def chat_messages(question: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     """The prompt of one question: the tool-protocol system message, then the user question (§1.1)."""
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def split_examples(task_name: str, splits: dict[str, list[Example]], split: str) -> list[Example]:
+    """``splits[split]``; an unknown split raises KeyError naming the task and the splits it has."""
+    if split not in splits:
+        raise KeyError(f"task '{task_name}' has no split '{split}'; splits: {list(splits)}")
+    return splits[split]
 
 
 def format_result(output: str) -> str:

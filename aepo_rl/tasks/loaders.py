@@ -14,15 +14,15 @@ protocol's (§1.1).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.jsonl import JsonlError, read_jsonl
 from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
 from aepo_rl.tools.base import Tool
 
 
@@ -77,19 +77,10 @@ def read_rows(path: str | Path) -> list[dict]:
             return pq.read_table(path).to_pylist()
         except Exception as err:  # pyarrow raises several error types for bad files
             raise DatasetError(f"{path}: not a readable parquet file: {err}") from None
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DatasetError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+    try:
+        return [row for _, row in read_jsonl(path)]
+    except JsonlError as err:
+        raise DatasetError(str(err)) from None
 
 
 def _field(row: dict, dotted: str, where: str):
@@ -163,9 +154,7 @@ class FileTask:
         self._tools: dict[str, Tool] | None = None
 
     def examples(self, split: str) -> list[Example]:
-        if split not in self._splits:
-            raise KeyError(f"task '{self.name}' has no split '{split}'; splits: {list(self._splits)}")
-        return self._splits[split]
+        return split_examples(self.name, self._splits, split)
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import FORMAT_PENALTY, extract_answer, format_error
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
 from aepo_rl.tools.base import Tool
 
 _TOOLS = ("python",)
@@ -43,9 +43,7 @@ class ReasoningGymTask:
         self._tools: dict[str, Tool] | None = None
 
     def examples(self, split: str) -> list[Example]:
-        if split not in self._examples:
-            raise KeyError(f"task '{self.name}' has no split '{split}'; splits: {list(self._examples)}")
-        return self._examples[split]
+        return split_examples(self.name, self._examples, split)
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:

@@ -21,7 +21,7 @@ from typing import Callable
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, format_result
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, format_result, split_examples
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -400,9 +400,7 @@ class SyntheticTask:
         self._reward = get_reward(task_cfg.reward, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
 
     def examples(self, split: str) -> list[Example]:
-        if split not in self._examples:
-            raise KeyError(f"synthetic task has no split '{split}'; splits: {list(SPLITS)}")
-        return self._examples[split]
+        return split_examples(self.name, self._examples, split)
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
@@ -453,11 +451,10 @@ class SyntheticTask:
                 return solution
 
     def texts(self) -> list[str]:
-        """Train-side text (train prompts and documents, demonstrations) for the tokenizer; the
-        system prompt recurs with every prompt, so it compresses to few tokens. Dev/test names
-        occur only as low-ranked pages inside search results."""
-        train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
-                      if self.world.split_of[d["title"]] == "train"]
+        """Text for the tokenizer: the whole search corpus (the agent's environment, every split's
+        documents), the train prompts and the demonstrations. Dev/test questions are never seen;
+        their entities' names are words of the corpus, as in any retrieval setting."""
+        docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
-        return [*prompts, *train_docs, *demos]
+        return [*prompts, *docs, *demos]

@@ -45,10 +45,6 @@ def get_tool(name: str, **options) -> Tool:
     return _REGISTRY[name](**options)
 
 
-def registered_tools() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def argument_error(arg: object, max_chars: int) -> str | None:
     """Why a tool argument is unusable, as the error text ``run`` returns, or None if it is fine.
 

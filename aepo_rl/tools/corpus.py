@@ -11,6 +11,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from aepo_rl.jsonl import JsonlError, read_jsonl
+
 REQUIRED_FIELDS = ("id", "title", "text")
 WIKI_DATA_FILE = ("data", "summaries_en-us.json")
 
@@ -38,16 +40,11 @@ def read_jsonl_corpus(path: str | Path) -> list[dict]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise CorpusError(f"corpus file {path} does not exist (expected JSONL, 'synthetic' or 'wiki')")
-    docs = []
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}:{line_number}: malformed JSON ({err.msg})") from None
-            docs.append(_check_document(doc, f"{path}:{line_number}"))
+    try:
+        lines = list(read_jsonl(path))
+    except JsonlError as err:
+        raise CorpusError(f"{err.location}: malformed JSON line: {err.problem}") from None
+    docs = [_check_document(doc, f"{path}:{line_no}") for line_no, doc in lines]
     if not docs:
         raise CorpusError(f"{path}: the corpus has no documents")
     return docs
