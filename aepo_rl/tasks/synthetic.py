@@ -451,10 +451,11 @@ class SyntheticTask:
                 return solution
 
     def texts(self) -> list[str]:
-        """Text for the tokenizer: the whole search corpus (the agent's environment, every split's
-        documents), the train prompts and the demonstrations. Dev/test questions are never seen;
-        their entities' names are words of the corpus, as in any retrieval setting."""
-        docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus]
+        """Train-side text (train prompts and documents, demonstrations) for the tokenizer; the
+        system prompt recurs with every prompt, so it compresses to few tokens. Dev/test names
+        occur only as low-ranked pages inside search results."""
+        train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
+                      if self.world.split_of[d["title"]] == "train"]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
-        return [*prompts, *docs, *demos]
+        return [*prompts, *train_docs, *demos]
