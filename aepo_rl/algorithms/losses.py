@@ -42,20 +42,29 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
     ``lower`` = A < 0 and r < 1−ε_l (the lower bound is active).
     """
     low, high = 1.0 - eps_low, 1.0 + eps_high
-    above, below = ratio > high, ratio < low
-    clipped = ratio.clamp(low, high)
-    preserve = None
-    if preserve_high is not False:
-        preserve = above if preserve_high is True else above & preserve_high
-    if preserve_low:
-        preserve = below if preserve is None else preserve | below
-    if preserve is not None:
-        clipped = torch.where(preserve, ratio * (clipped / ratio).detach(), clipped)
-    loss = torch.maximum(-adv * ratio, -adv * clipped)
-    negative = adv < 0
-    if dual_clip is not None:
-        loss = torch.where(negative, torch.minimum(loss, -adv * dual_clip), loss)
-    return loss, above & (adv > 0), below & negative
+    # Which branch max/min picks is decided without autograd; the loss is then −A·r·K + C with a
+    # detached per-token slope K and constant C, so the graph holds two ops whatever the branch:
+    # unclipped K = 1, C = 0; hard clip K = 0, C = −A·clip(r); preserved clip K = clip(r)/r, C = 0
+    # (value −A·clip(r), gradient −A·clip(r)·∇log π); dual clip K = 0, C = −A·c.
+    with torch.no_grad():
+        r, a = ratio.detach(), adv.detach()
+        above, below = r > high, r < low
+        clipped = r.clamp(low, high)
+        take_clip = -a * clipped > -a * r
+        preserve = torch.zeros_like(above)
+        if preserve_high is not False:
+            preserve = above if preserve_high is True else above & preserve_high
+        if preserve_low:
+            preserve = preserve | below
+        slope = torch.where(take_clip, torch.where(preserve, clipped / r, 0.0), 1.0)
+        const = torch.where(take_clip & ~preserve, -a * clipped, 0.0)
+        negative = a < 0
+        if dual_clip is not None:
+            dual = negative & (-a * dual_clip < -a * torch.where(take_clip, clipped, r))
+            slope = torch.where(dual, 0.0, slope)
+            const = torch.where(dual, -a * dual_clip, const)
+    loss = torch.addcmul(const, ratio * slope, -adv)
+    return loss, above & (a > 0), below & negative
 
 
 def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy):
