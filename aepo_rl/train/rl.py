@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from aepo_rl import algorithms
+from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
@@ -304,7 +305,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             loss = loss + algo.kl_loss_coef * kl_loss
             loss_metrics["actor/kl_loss"] = float(kl_loss.detach())
         (loss * share).backward()
-        loss_metrics["actor/entropy"] = _masked_mean(entropy.detach(), micro_mask)
+        loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
     return sums
@@ -481,7 +482,7 @@ class RLTrainer:
             # takes ``kl`` applies r_t − kl_coef·kl_t itself; for the others it is folded into
             # the token rewards here (verl's apply_kl_penalty).
             kl = algorithms.kl_penalty(old_log_probs, ref_log_probs, "k1") * mask
-            metrics["actor/reward_kl_penalty"] = _masked_mean(kl, mask)
+            metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, mask.bool()))
             if "kl" in inspect.signature(self.advantage_estimator).parameters:
                 extra["kl"] = kl
             else:
@@ -512,11 +513,11 @@ class RLTrainer:
         metrics["timing_s/update"] = time.perf_counter() - t0
         metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
         rollout_log_probs = recorded(trajectories, "logprobs", mask)
-        metrics["rollout/logprob_abs_diff"] = _masked_mean((targets.old_log_probs - rollout_log_probs).abs(), mask)
+        metrics["rollout/logprob_abs_diff"] = float(masked_mean((targets.old_log_probs - rollout_log_probs).abs(), mask.bool()))
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
         metrics["critic/rewards/mean"] = float((token_rewards * mask).sum(1).mean())
-        metrics["critic/advantages/mean"] = _masked_mean(advantages, mask)
+        metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask.bool()))
         metrics["critic/advantages/max"] = float(advantages[mask > 0].max()) if mask.any() else 0.0
         metrics["critic/advantages/min"] = float(advantages[mask > 0].min()) if mask.any() else 0.0
         self.last_rollout = self._rollout_records(trajectories, scores, advantages, mask)
@@ -564,7 +565,7 @@ class RLTrainer:
         for i, traj in enumerate(trajectories[:self.cfg.trainer.rollouts_to_save]):
             record = traj.to_json()
             record["score"] = float(scores[i])
-            record["advantage"] = _masked_mean(advantages[i], mask[i])
+            record["advantage"] = float(masked_mean(advantages[i], mask[i].bool()))
             records.append(record)
         return records
 
@@ -579,11 +580,6 @@ class RLTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.load_state_dict(state["data_order"])
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    count = mask.sum()
-    return float((values * mask).sum() / count) if count > 0 else 0.0
 
 
 def _agg_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
