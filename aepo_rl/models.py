@@ -46,7 +46,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_TINY_BUILD_VERSION = 1
+_TINY_BUILD_VERSION = 2
 """Bumped whenever the tiny build changes, so stale caches are not reused."""
 
 
@@ -122,11 +122,13 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int):
     if not texts:
         raise ValueError("the tiny tokenizer needs text: task.texts() returned nothing")
     bpe = Tokenizer(models.BPE())
-    # Whitespace and each punctuation mark are pieces of their own, so a word or a number is the
-    # same tokens wherever it stands ("<search>Vela" vs " Vela", "{1995}" vs " 1995"): copying
-    # from the question or a search result is then an identity map a tiny model learns fast.
+    # GPT-2 style pieces (a word carries its leading space, so a name copied from the question or
+    # a result is the same tokens: " Vela" in both), except that a number never takes the space:
+    # "{1995}" and " 1995" share the token "1995". Copying is then an identity map a tiny model
+    # learns fast.
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s+|[^\w\s]"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"'(?:s|t|re|ve|m|ll|d)| ?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"),
+                             behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()

@@ -64,6 +64,20 @@ def test_tiny_tokenizer_has_tags_chatml_and_sizes(tmp_path):
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
 
 
+def test_tiny_tokenizer_copies_are_the_same_tokens_and_decoding_is_lossless(tmp_path):
+    _, tok = load_policy(tiny_cfg(tmp_path), TextTask())
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+    name, year = ids(" Ada Korrin"), ids("1874")
+    for text in ["Who is Ada Korrin?", "<search> Ada Korrin</search>", "Page 1: Ada Korrin — in 1874.",
+                 "<answer>\\boxed{1874}</answer>"]:
+        full = ids(text)
+        part = name if "Ada" in text else year
+        assert any(full[i:i + len(part)] == part for i in range(len(full))), text
+        assert tok.decode(full) == text
+    assert len(ids(" Velmora")) < len(ids("V e l m o r a"))  # a word carries its leading space
+
+
 def test_save_round_trip_gives_identical_logits(tmp_path):
     model, tok = load_policy(tiny_cfg(tmp_path / "cache"), TextTask())
     out = save_policy(model, tok, tmp_path / "ckpt")

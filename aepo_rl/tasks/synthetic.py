@@ -14,6 +14,7 @@ leaves headroom for RL (§5).
 from __future__ import annotations
 
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -79,6 +80,12 @@ class World:
         return [name for name in table if self.split_of[name] == split]
 
 
+def _syllable_word(rng: random.Random) -> str:
+    """A capitalised word of two (80%) or three syllables."""
+    syllables = 2 if rng.random() < 0.8 else 3
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)).capitalize()
+
+
 class _NameMaker:
     """Capitalised syllable words; a new word is never within edit distance 1 of an earlier one."""
 
@@ -94,9 +101,7 @@ class _NameMaker:
 
     def word(self) -> str:
         while True:
-            syllables = 2 if self.rng.random() < 0.8 else 3
-            word = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                           for _ in range(syllables))
+            word = _syllable_word(self.rng).lower()
             keys = self._deletion_keys(word)
             if 4 <= len(word) <= 9 and not keys & self.keys:
                 self.keys |= keys
@@ -364,18 +369,20 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
     """A trajectory in the tag protocol (§1.1), tool results from running ``tools``.
 
     Model pieces (trained) and result blocks (not trained) alternate; the final answer of an
-    arithmetic solution is the python tool's own output.
+    arithmetic solution is the python tool's own output. A copied value is written after a space,
+    as in running text (``<search> Vela Korr</search>``, ``\\boxed{ 1874}``), so copying it from
+    the question or a result is the same tokens (the search and the answer check strip it).
     """
     pieces: list[tuple[str, bool]] = []
     answer = solution.answer
     calls = [("search", q) for q in solution.queries] + ([("python", solution.python)] if solution.python else [])
     for tag, arg in calls:
-        pieces.append((f"{' ' if pieces else ''}<{tag}>{arg}</{tag}>", True))
+        pieces.append((f"{' ' if pieces else ''}<{tag}>{' ' if tag == 'search' else ''}{arg}</{tag}>", True))
         output = tools[tag].run(arg)
         pieces.append((format_result(output), False))
         if tag == "python":
             answer = output.strip()
-    pieces.append((f"{' ' if pieces else ''}<answer>\\boxed{{{answer}}}</answer>", True))
+    pieces.append((f"{' ' if pieces else ''}<answer>\\boxed{{ {answer}}}</answer>", True))
     return pieces
 
 
@@ -451,11 +458,17 @@ class SyntheticTask:
                 return solution
 
     def texts(self) -> list[str]:
-        """Train-side text (train prompts and documents, demonstrations) for the tokenizer; the
-        system prompt recurs with every prompt, so it compresses to few tokens. Dev/test names
-        occur only as low-ranked pages inside search results."""
+        """Train-side text (train prompts and documents, demonstrations) for the tokenizer, with
+        every name word replaced by a fresh random one at each occurrence: no entity is frequent
+        enough to become a token, so train and test names alike split into syllable pieces and a
+        model that learns to copy names on the train split copies unseen ones too. The system
+        prompt recurs with every prompt, so it compresses to few tokens."""
         train_docs = [f"{d['title']}\n{d['text']}" for d in self.world.corpus
                       if self.world.split_of[d["title"]] == "train"]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
-        return [*prompts, *train_docs, *demos]
+        words = {w for name in [*self.world.people, *self.world.cities] for w in name.split()}
+        words |= {name.split()[0] for name in self.world.orgs}
+        pattern = re.compile(r"\b(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b")
+        rng = random.Random(f"tokenizer-{self.cfg.seed}")
+        return [pattern.sub(lambda _: _syllable_word(rng), text) for text in [*prompts, *train_docs, *demos]]
