@@ -4,7 +4,8 @@ Every preset starts from the same cold-start SFT model (§5: "all RL methods sta
 same SFT model") with the same rollout budget (``rollout.n``, ``trainer.batch_size``,
 ``trainer.steps``) and, for a given seed index, the same data order and sampling seed; only
 the algorithm (what the presets set) changes. Each metric is reported as the mean over seeds
-± the half-width of a 95% Student-t confidence interval.
+± the half-width of a 95% Student-t confidence interval, below an ``sft`` row: the shared SFT
+checkpoint evaluated once like the runs' final policies. Every run folder gets its ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict
+from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict, to_yaml
 from aepo_rl.report import plot_runs, read_metrics, series
-from aepo_rl.train.pipeline import run_rl_stage, run_sft_stage
+from aepo_rl.tasks import get_task
+from aepo_rl.train.checkpoint import atomic_write_text
+from aepo_rl.train.pipeline import evaluate_model, run_rl_stage, run_sft_stage
 
 COLUMNS = (
     ("pass@1", "pass@1 on the evaluation split after RL"),
@@ -27,6 +30,7 @@ COLUMNS = (
     ("entropy_drift", "final − initial actor/entropy during RL"),
     ("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over steps)"),
 )
+SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once like the runs (–: an RL-only column)"
 
 
 def student_t_critical(df: int, confidence: float = 0.95) -> float:
@@ -116,17 +120,20 @@ def preset_configs(cfg: Config, presets: list[str], seeds: int, steps: int | Non
     return configs
 
 
-def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
-    """The compared numbers of one run: its final evaluation and its metrics.jsonl."""
+def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float]:
+    """pass@1, pass@k and tool calls of the one ``<task>/<split>`` entry of an evaluation of ``where``."""
     entries = [m for name, m in eval_result.items() if name.endswith(f"/{split}")]
     if len(entries) != 1:
-        raise ValueError(f"{run_dir}: expected one '<task>/{split}' evaluation from run_rl_stage, "
-                         f"got keys {sorted(eval_result)}")
+        raise ValueError(f"{where}: expected one '<task>/{split}' evaluation, got keys {sorted(eval_result)}")
+    return {"pass@1": entries[0]["pass@1"], "pass@k": entries[0]["pass@k"], "tool_calls": entries[0]["tool_calls/mean"]}
+
+
+def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
+    """The compared numbers of one run: its final evaluation and its metrics.jsonl."""
     records = read_metrics(run_dir)
     entropy = series(records, "actor/entropy").get("actor/entropy", ([], []))[1]
     distinct = series(records, "rollout/distinct_per_group").get("rollout/distinct_per_group", ([], []))[1]
-    return {"pass@1": entries[0]["pass@1"], "pass@k": entries[0]["pass@k"],
-            "tool_calls": entries[0]["tool_calls/mean"],
+    return {**eval_metrics(eval_result, split, run_dir),
             "entropy_drift": entropy[-1] - entropy[0] if entropy else None,
             "distinct_per_group": math.fsum(distinct) / len(distinct) if distinct else None}
 
@@ -136,7 +143,15 @@ def summarize(runs: dict[str, list[dict[str, float | None]]]) -> dict[str, dict[
     return {preset: {col: mean_ci95([r[col] for r in rows]) for col, _ in COLUMNS} for preset, rows in runs.items()}
 
 
-def format_cell(stat: dict[str, Any]) -> str:
+def sft_row(eval_result: dict[str, dict], split: str, sft_dir: Path) -> dict[str, dict[str, Any] | None]:
+    """The SFT checkpoint's row: its one evaluation (n = 1), None in the RL-only columns."""
+    measured = eval_metrics(eval_result, split, sft_dir)
+    return {col: mean_ci95([measured[col]]) if col in measured else None for col, _ in COLUMNS}
+
+
+def format_cell(stat: dict[str, Any] | None) -> str:
+    if stat is None:
+        return "–"
     if stat["mean"] is None:
         return "n/a"
     if stat["ci95"] is None:
@@ -152,7 +167,7 @@ def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, st
     ci_note = ("mean ± 95% CI half-width (Student t over seeds)" if seeds > 1
                else "one seed: no confidence interval (use --seeds ≥ 2)")
     notes = [f"{seeds} seed(s), {steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
-    notes += [f"- **{col}**: {doc}" for col, doc in COLUMNS]
+    notes += [f"- {SFT_ROW_NOTE}"] + [f"- **{col}**: {doc}" for col, doc in COLUMNS]
     return "\n".join(lines + [""] + notes) + "\n"
 
 
@@ -172,17 +187,22 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     _, dropped = split_overrides(cfg)
     if dropped:
         print(f"compare: not carried to the presets (algorithm settings): {', '.join(dropped)}")
+    atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
     sft_model_dir = run_sft_stage(cfg, out / "sft")
+    # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
+    sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
+    atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
     runs: dict[str, list[dict]] = {preset: [] for preset in presets}
     run_dirs = []
     for (preset, index), run_cfg in configs.items():
         run_dir = out / f"{preset}-seed{index}"
+        atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
         eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
         runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
                              **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
         run_dirs.append(run_dir)
     num_steps = next(iter(configs.values())).trainer.steps
-    summary = summarize(runs)
+    summary = {"sft": sft_row(sft_eval, cfg.eval.split, out / "sft"), **summarize(runs)}
     (out / "compare.json").write_text(json.dumps(
         {"presets": presets, "seeds": seeds, "steps": num_steps, "sft_model": str(sft_model_dir),
          "summary": summary, "runs": runs}, indent=2) + "\n")
@@ -193,7 +213,7 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     for col, _ in COLUMNS:
         table.add_column(col, justify="right")
     for preset, stats in summary.items():
-        table.add_row(preset, *(format_cell(stats[col]) for col, _ in COLUMNS))
+        table.add_row(preset, *(format_cell(stats[col]) for col, _ in COLUMNS), end_section=preset == "sft")
     Console().print(table)
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0

@@ -6,11 +6,12 @@ import json
 import math
 
 import pytest
+import yaml
 
 import aepo_rl.compare
 from aepo_rl.compare import (compare_main, mean_ci95, preset_configs, split_overrides, student_t_critical,
                              user_overrides)
-from aepo_rl.config import ConfigError, load_config
+from aepo_rl.config import ConfigError, from_dict, load_config
 
 # t_{0.975, df} from standard tables
 T_TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 30: 2.0423}
@@ -65,11 +66,12 @@ SCRIPT = {
     "grpo": [(0.2, 0.5, 2.0, 0.9), (0.4, 0.6, 3.0, 0.8), (0.6, 0.7, 4.0, 0.7)],
     "aepo": [(0.5, 0.8, 1.0, 1.0), (0.5, 0.8, 1.0, 1.1), (0.8, 0.9, 1.0, 1.2)],
 }
+SFT_EVAL = {"pass@1": 0.1, "pass@k": 0.3, "k": 4, "num_questions": 8, "tool_calls/mean": 0.5}
 
 
 @pytest.fixture
 def fake_pipeline(monkeypatch):
-    calls = {"sft": [], "rl": []}
+    calls = {"sft": [], "eval": [], "rl": []}
 
     def run_sft_stage(cfg, run_dir):
         calls["sft"].append((cfg, run_dir))
@@ -78,7 +80,7 @@ def fake_pipeline(monkeypatch):
     def run_rl_stage(cfg, init_model_dir, run_dir):
         calls["rl"].append((cfg, init_model_dir, run_dir))
         pass1, passk, tools, final_entropy = SCRIPT[cfg.preset][cfg.trainer.seed]
-        run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         steps = [{"step": 1, "actor/entropy": 1.0, "critic/score/mean": 0.1},
                  {"step": 2, "actor/entropy": final_entropy, "critic/score/mean": 0.2}]
         if cfg.preset == "aepo":
@@ -87,7 +89,13 @@ def fake_pipeline(monkeypatch):
         return {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
                                                 "tool_calls/mean": tools}}
 
+    def evaluate_model(cfg, model_dir, task):
+        assert len(calls["sft"]) == 1 and not calls["rl"], "the SFT model is evaluated after SFT, before RL"
+        calls["eval"].append((cfg, model_dir, task.name))
+        return {f"{task.name}/{cfg.eval.split}": SFT_EVAL}
+
     monkeypatch.setattr(aepo_rl.compare, "run_sft_stage", run_sft_stage)
+    monkeypatch.setattr(aepo_rl.compare, "evaluate_model", evaluate_model)
     monkeypatch.setattr(aepo_rl.compare, "run_rl_stage", run_rl_stage)
     return calls
 
@@ -122,10 +130,43 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     md = (tmp_path / "compare.md").read_text()
     assert "| grpo | 0.400 ± 0.497 | 0.600 ± 0.248 | 3.000 ± 2.484 | -0.200 ± 0.248 | n/a |" in md
     assert "| aepo | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
+    assert md.splitlines()[2] == "| sft | 0.100 | 0.300 | 0.500 | – | – |"
     assert (tmp_path / "plots" / "entropy.png").is_file() and (tmp_path / "plots" / "reward.png").is_file()
     out = capsys.readouterr().out
     assert "not carried to the presets (algorithm settings): algorithm.clip_ratio_high" in out
     assert "compare: 3 seed(s) × 2 steps" in out
+
+
+def test_compare_main_evaluates_the_sft_model_once(fake_pipeline, tmp_path, capsys):
+    cfg = load_config("aepo", overrides=["eval.samples=4", "eval.num_questions=8"])
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=2, out_dir=str(tmp_path))
+
+    assert fake_pipeline["eval"] == [(cfg, str(tmp_path / "sft" / "model"), "synthetic")]
+    # the settings the seed-0 runs' final evaluation uses
+    for run_cfg, _, _ in fake_pipeline["rl"][::2]:
+        assert (run_cfg.eval, run_cfg.model, run_cfg.task, run_cfg.rollout.seed) == (
+            cfg.eval, cfg.model, cfg.task, cfg.rollout.seed)
+    assert json.loads((tmp_path / "sft" / "eval.json").read_text()) == {"sft": {"synthetic/test": SFT_EVAL}}
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert list(data["summary"]) == ["sft", "grpo", "aepo"]
+    assert data["summary"]["sft"] == {"pass@1": {"mean": 0.1, "ci95": None, "n": 1},
+                                      "pass@k": {"mean": 0.3, "ci95": None, "n": 1},
+                                      "tool_calls": {"mean": 0.5, "ci95": None, "n": 1},
+                                      "entropy_drift": None, "distinct_per_group": None}
+    assert "sft" not in data["runs"]
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["sft", "0.100", "0.300", "0.500", "–", "–"]
+
+
+def test_every_run_folder_has_its_resolved_config(fake_pipeline, tmp_path):
+    cfg = load_config("aepo", overrides=["rollout.n=4", "trainer.lr=0.01"])
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=3, out_dir=str(tmp_path))
+
+    assert from_dict(yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())) == cfg
+    assert len(fake_pipeline["rl"]) == 4
+    for run_cfg, _, run_dir in fake_pipeline["rl"]:
+        assert from_dict(yaml.safe_load((run_dir / "config.yaml").read_text())) == run_cfg
+    assert load_config("grpo", tmp_path / "grpo-seed1" / "config.yaml").trainer.seed == 1
 
 
 def test_compare_main_one_seed_has_no_ci(fake_pipeline, tmp_path, capsys):
