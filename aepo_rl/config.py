@@ -39,13 +39,15 @@ class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
     dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
     tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
-    tiny_num_layers: int = knob(4, "Tiny model: transformer layers.", ge=1)
+    tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 suffice for copying and double the speed of 4).", ge=1)
     tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)
     tiny_num_heads: int = knob(4, "Tiny model: attention heads.", ge=1)
-    tiny_num_kv_heads: int = knob(2, "Tiny model: key/value heads (GQA).", ge=1)
-    tiny_head_dim: int = knob(32, "Tiny model: head dimension.", ge=4)
+    tiny_num_kv_heads: int = knob(4, "Tiny model: key/value heads (GQA).", ge=1)
+    tiny_head_dim: int = knob(64, "Tiny model: head dimension.", ge=4)
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
+    tiny_copy_steps: int = knob(1500, "Tiny model: steps of the copy warm-up on repeated random sequences, part of "
+                                      "the cached build (stands in for pretraining; 0 skips it).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
     lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -62,14 +64,14 @@ class TaskConfig:
     max_hops: int = knob(2, "Synthetic: most searches a question needs (1-3).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
     teacher_error_rate: float = knob(0.2, "Synthetic: share of teacher demonstrations with a deliberate error (§5 cold start headroom).", ge=0, le=1)
-    num_demonstrations: int = knob(1024, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
+    num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
     reward: str = knob("deep_research", "Reward function (§3).", choices=("deep_research", "exact_match", "f1", "math", "llm_judge"))
     judge_url: str | None = knob(None, "OpenAI-compatible endpoint for the llm_judge reward.")
     judge_model: str = knob("Qwen2.5-72B-Instruct", "Judge model name (§3).")
     search_url: str | None = knob(None, "Search-R1 /retrieve server URL; None searches in-process.")
-    search_topk: int = knob(3, "Search results per query.", ge=1)
+    search_topk: int = knob(2, "Search results per query (2 keeps the tiny model's demonstrations short).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
 
 
@@ -139,9 +141,9 @@ class AlgorithmConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = knob(6, "Cold-start SFT epochs (§5; release 3; the tiny model needs more steps: 6 × 1024 demonstrations ≈ 1.25M tokens ≈ 2-3.5 min on 2 CPU cores).", ge=0)
+    epochs: int = knob(8, "Cold-start SFT epochs (§5; release 3; the tiny model needs more steps: 8 × 2048 demonstrations ≈ 3.2M tokens ≈ 3 min on 2 CPU cores).", ge=0)
     lr: float = knob(3e-3, "Peak learning rate (release 7e-6 for 14B models; the tiny model learns faster at 3e-3 than 1e-3).", gt=0)
-    batch_size: int = knob(8, "Sequences per optimizer step (8: twice the optimizer steps of 16 for the same tokens).", ge=1)
+    batch_size: int = knob(32, "Sequences per optimizer step (32: a copy learned at batch 8 stays noisy).", ge=1)
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
     max_length: int = knob(512, "Demonstrations are truncated to this many tokens.", ge=8)

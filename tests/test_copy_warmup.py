@@ -1,0 +1,39 @@
+"""The tiny model's copy warm-up: its data and its training loop."""
+
+import torch
+
+from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup
+from tests.conftest import build_tiny_model
+
+
+def test_copy_batch_rows_are_a_random_sequence_twice():
+    pool = torch.arange(50, 90)
+    ids, mask = copy_batch(pool, 16, torch.Generator().manual_seed(0))
+    lengths = mask.sum(1)
+    assert ids.shape == (16, 2 * COPY_LENGTHS[1]) and set(mask.unique().tolist()) == {0, 1}
+    for row, n in zip(ids, lengths.tolist()):
+        half = n // 2
+        assert n % 2 == 0 and COPY_LENGTHS[0] <= half <= COPY_LENGTHS[1]
+        assert row[:half].tolist() == row[half:n].tolist()
+        assert all(50 <= t < 90 for t in row[:n].tolist())
+    assert len(set(lengths.tolist())) > 1  # lengths vary
+
+
+def test_copy_warmup_trains_deterministically_and_never_samples_special_tokens(tiny_tokenizer, monkeypatch):
+    seen = []
+    original = copy_batch
+
+    def spy(pool, batch_size, generator):
+        seen.append(set(pool.tolist()))
+        return original(pool, batch_size, generator)
+
+    monkeypatch.setattr("aepo_rl.train.copy_warmup.copy_batch", spy)
+    first, second = build_tiny_model(tiny_tokenizer), build_tiny_model(tiny_tokenizer)
+    before = [p.detach().clone() for p in first.parameters()]
+    losses = copy_warmup(first, tiny_tokenizer, steps=3, seed=5)
+    copy_warmup(second, tiny_tokenizer, steps=3, seed=5)
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(a, b) for a, b in zip(before, first.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
+    special = set(tiny_tokenizer.all_special_ids) | set(tiny_tokenizer.get_added_vocab().values())
+    assert seen and not seen[0] & special and not first.training
