@@ -109,12 +109,12 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
     folder = root / tiny_cache_key(model_cfg, texts, seed)
     if (folder / "config.json").is_file():
         return folder
-    from aepo_rl.train.copy_warmup import copy_warmup
-
     tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
     model = init_tiny_model(model_cfg, tokenizer, seed)
     if model_cfg.tiny_copy_steps:
         from rich.console import Console
+
+        from aepo_rl.train.copy_warmup import copy_warmup
 
         with Console(stderr=True).status(f"tiny model: copy warm-up, {model_cfg.tiny_copy_steps} steps (cached after)"):
             copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed)

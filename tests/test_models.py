@@ -75,7 +75,7 @@ def test_tiny_tokenizer_copies_are_the_same_tokens_and_decoding_is_lossless(tmp_
         part = name if "Ada" in text else year
         assert any(full[i:i + len(part)] == part for i in range(len(full))), text
         assert tok.decode(full) == text
-    assert len(ids(" Velmora")) < len(ids("V e l m o r a"))  # a word carries its leading space
+    assert tok.decode(ids(" Velmora")[:1]).startswith(" V")  # a word carries its leading space
 
 
 def test_save_round_trip_gives_identical_logits(tmp_path):

@@ -101,11 +101,11 @@ class _NameMaker:
 
     def word(self) -> str:
         while True:
-            word = _syllable_word(self.rng).lower()
-            keys = self._deletion_keys(word)
+            word = _syllable_word(self.rng)
+            keys = self._deletion_keys(word.lower())
             if 4 <= len(word) <= 9 and not keys & self.keys:
                 self.keys |= keys
-                return word.capitalize()
+                return word
 
 
 def _pool_sizes(num_questions: int) -> dict[str, int]:
