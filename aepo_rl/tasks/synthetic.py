@@ -13,6 +13,7 @@ leaves headroom for RL (§5).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, format
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
-DEFAULT_QUESTIONS = {"train": 512, "dev": 64, "test": 64}
+DEFAULT_QUESTIONS = {"train": 512, "dev": 64, "test": 256}
 _TEACHER_THREADS = 8  # concurrent tool calls while writing demonstrations (the sandbox bounds its own pool)
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "st", "th"]
@@ -134,9 +135,9 @@ def build_world(seed: int = 0, num_questions: dict[str, int] | None = None) -> W
             for item in items:
                 table[item.name] = item
                 world.split_of[item.name] = split
-    docs = [(p.name, _person_text(p, rng)) for p in world.people.values()]
-    docs += [(o.name, _org_text(o, rng)) for o in world.orgs.values()]
-    docs += [(c.name, _city_text(c, rng)) for c in world.cities.values()]
+    docs = [(p.name, _person_text(p)) for p in world.people.values()]
+    docs += [(o.name, _org_text(o)) for o in world.orgs.values()]
+    docs += [(c.name, _city_text(c)) for c in world.cities.values()]
     rng.shuffle(docs)
     world.corpus = [{"id": f"doc{i}", "title": title, "text": text} for i, (title, text) in enumerate(docs)]
     return world
@@ -146,26 +147,17 @@ def _a(noun: str) -> str:
     return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
-def _person_text(p: Person, rng: random.Random) -> str:
-    return rng.choice([
-        f"{p.name} was born in {p.birthplace} in {p.born} and died in {p.died}.",
-        f"{p.name} was {_a(p.occupation)} born in {p.born} in {p.birthplace}, who died in {p.died}.",
-        f"Born in {p.birthplace} in {p.born}, {p.name} became {_a(p.occupation)} and died in {p.died}.",
-    ])
+def _person_text(p: Person) -> str:
+    return f"{p.name} ({p.born}–{p.died}) was {_a(p.occupation)} from {p.birthplace}."
 
 
-def _org_text(o: Organization, rng: random.Random) -> str:
-    return rng.choice([
-        f"{o.name} is {_a(o.kind)} in {o.city}, founded by {o.founder} in {o.founded}. It has {o.employees} employees.",
-        f"{o.founder} founded {o.name} in {o.founded}. It is based in {o.city} and employs {o.employees} people.",
-    ])
+def _org_text(o: Organization) -> str:
+    return (f"{o.name} is {_a(o.kind)} based in {o.city}, founded in {o.founded} by {o.founder}. "
+            f"It has {o.employees} employees.")
 
 
-def _city_text(c: City, rng: random.Random) -> str:
-    return rng.choice([
-        f"{c.name} is a city founded in {c.founded}, with {c.population} inhabitants.",
-        f"Founded in {c.founded}, the city of {c.name} has a population of {c.population}.",
-    ])
+def _city_text(c: City) -> str:
+    return f"{c.name} is a city founded in {c.founded}, with {c.population} inhabitants."
 
 
 # ---------------------------------------------------------------- questions
@@ -386,6 +378,21 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
     return pieces
 
 
+def _renamed(demo: Demonstration, names: re.Pattern, rng: random.Random) -> Demonstration:
+    """``demo`` with each distinct name word replaced by one fresh invented word throughout."""
+    fresh: dict[str, str] = {}
+
+    def rename(text: str) -> str:
+        return names.sub(lambda m: fresh.setdefault(m.group(0), _syllable_word(rng)), text)
+
+    ex = demo.example
+    info = {**ex.extra_info, **{key: [rename(name) for name in ex.extra_info[key]] for key in ("roots", "entities")}}
+    example = dataclasses.replace(ex, question=rename(ex.question), answers=[rename(a) for a in ex.answers],
+                                  messages=[{**m, "content": rename(m["content"])} for m in ex.messages],
+                                  extra_info=info)
+    return Demonstration(example, [(rename(text), trained) for text, trained in demo.pieces], demo.has_error)
+
+
 # ---------------------------------------------------------------- the task
 
 class SyntheticTask:
@@ -404,6 +411,7 @@ class SyntheticTask:
             for split in SPLITS}
         self._tools = tools
         self._demos: list[Demonstration] | None = None
+        self._names: re.Pattern | None = None
         self._reward = get_reward(task_cfg.reward, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
 
     def examples(self, split: str) -> list[Example]:
@@ -425,7 +433,12 @@ class SyntheticTask:
         """``num_demonstrations`` teacher trajectories on fresh train-split questions; exactly
         round(teacher_error_rate · N) of them carry an error (wrong query, skipped search, or an
         arithmetic slip for arithmetic questions), and every one of those gets a wrong answer.
-        The plans are drawn in order (deterministic); the tool calls run concurrently."""
+        The plans are drawn in order (deterministic); the tool calls run concurrently.
+
+        Every name word of a demonstration is then replaced by a fresh invented word, the same
+        one throughout that demonstration (question, queries, results, answer): the facts stay
+        as the tools returned them, but no name recurs across demonstrations, so SFT cannot learn
+        names by heart and has to learn to copy them (the held-out names of dev/test are new)."""
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"teacher-{self.cfg.seed}")
             questions = make_questions(self.world, "train", cfg.num_demonstrations, rng, cfg.max_hops,
@@ -435,7 +448,8 @@ class SyntheticTask:
             tools = self.tools()
             with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
                 pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools), plans))
-            self._demos = [Demonstration(ex, p, has_error=i in flawed)
+            names = random.Random(f"renames-{cfg.seed}")
+            self._demos = [_renamed(Demonstration(ex, p, has_error=i in flawed), self._name_pattern(), names)
                            for i, (ex, p) in enumerate(zip(questions, pieces))]
         return self._demos
 
@@ -467,8 +481,13 @@ class SyntheticTask:
                       if self.world.split_of[d["title"]] == "train"]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
-        words = {w for name in [*self.world.people, *self.world.cities] for w in name.split()}
-        words |= {name.split()[0] for name in self.world.orgs}
-        pattern = re.compile(r"\b(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b")
         rng = random.Random(f"tokenizer-{self.cfg.seed}")
-        return [pattern.sub(lambda _: _syllable_word(rng), text) for text in [*prompts, *train_docs, *demos]]
+        return [self._name_pattern().sub(lambda _: _syllable_word(rng), text) for text in [*prompts, *train_docs, *demos]]
+
+    def _name_pattern(self) -> re.Pattern:
+        """Any word of an entity name (org kinds excepted), as a whole word."""
+        if self._names is None:
+            words = {w for name in [*self.world.people, *self.world.cities] for w in name.split()}
+            words |= {name.split()[0] for name in self.world.orgs}
+            self._names = re.compile(r"\b(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b")
+        return self._names
