@@ -46,8 +46,9 @@ class ModelConfig:
     tiny_head_dim: int = knob(64, "Tiny model: head dimension.", ge=4)
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
-    tiny_copy_steps: int = knob(1500, "Tiny model: steps of the copy warm-up on repeated random sequences, part of "
-                                      "the cached build (stands in for pretraining; 0 skips it).", ge=0)
+    tiny_copy_steps: int = knob(2500, "Tiny model: most steps of the copy warm-up on repeated random sequences, which "
+                                      "stops once it copies 90% of tokens; part of the cached build (stands in for "
+                                      "pretraining; 0 skips it).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
     lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -63,7 +64,7 @@ class TaskConfig:
     num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
     max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 keeps the default CPU job within reach of the tiny model).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.2, "Synthetic: share of teacher demonstrations with a deliberate error (§5 cold start headroom).", ge=0, le=1)
+    teacher_error_rate: float = knob(0.4, "Synthetic: share of teacher demonstrations with a deliberate error (§5 cold start headroom; at 0.2 the evaluation's temperature 0.6 hides most imitated errors and RL has little to correct).", ge=0, le=1)
     num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)

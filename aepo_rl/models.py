@@ -116,8 +116,11 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
 
         from aepo_rl.train.copy_warmup import copy_warmup
 
-        with Console(stderr=True).status(f"tiny model: copy warm-up, {model_cfg.tiny_copy_steps} steps (cached after)"):
-            copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed)
+        console = Console(stderr=True)
+        with console.status(f"tiny model: copy warm-up, at most {model_cfg.tiny_copy_steps} steps (cached after)"):
+            steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed))
+        console.print(f"tiny model: copy warm-up {'reached its target' if steps < model_cfg.tiny_copy_steps else 'ran all'} "
+                      f"after {steps} steps")
     save_policy(model, tokenizer, folder)
     return folder
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup
+from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup, repeated_half_accuracy
 from tests.conftest import build_tiny_model
 
 
@@ -37,3 +37,25 @@ def test_copy_warmup_trains_deterministically_and_never_samples_special_tokens(t
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
     special = set(tiny_tokenizer.all_special_ids) | set(tiny_tokenizer.get_added_vocab().values())
     assert seen and not seen[0] & special and not first.training
+
+
+def test_repeated_half_accuracy_scores_the_second_copy_after_its_first_token():
+    ids, mask = copy_batch(torch.arange(10, 60), 8, torch.Generator().manual_seed(1))
+    vocab = 64
+    perfect = torch.nn.functional.one_hot(ids[:, 1:], vocab).float()  # predicts every next token
+    assert repeated_half_accuracy(perfect, ids, mask) == 1.0
+    lengths = mask.sum(1) // 2
+    wrong_first_half = perfect.clone()
+    for row, n in enumerate(lengths.tolist()):
+        wrong_first_half[row, :n - 1] = 0  # the first copy is unpredictable and not scored
+        wrong_first_half[row, 2 * n - 1:] = 0  # nor is padding
+    assert repeated_half_accuracy(wrong_first_half, ids, mask) == 1.0
+    assert repeated_half_accuracy(torch.zeros(*ids[:, 1:].shape, vocab), ids, mask) < 0.2
+
+
+def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr("aepo_rl.train.copy_warmup.COPY_TARGET", 0.0)  # any model "copies"
+    model = build_tiny_model(tiny_tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert copy_warmup(model, tiny_tokenizer, steps=50, seed=5) == []
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -18,7 +18,10 @@ import torch.nn.functional as F
 COPY_BATCH = 32
 COPY_LR = 3e-3
 COPY_LENGTHS = (8, 24)
-"""Sequences per step, AdamW learning rate, and the range of the repeated half's length."""
+COPY_TARGET = 0.9
+"""Sequences per step, AdamW learning rate, the range of the repeated half's length, and the
+copy accuracy at which the warm-up stops (the step of the phase change varies with the seed:
+measured 0.85 after 1500 steps for one initialisation, 0.20 for another)."""
 
 
 def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +37,9 @@ def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) 
 
 
 def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
-    """Train ``model`` in place for ``steps`` AdamW steps on repeated random sequences; returns the losses."""
+    """Train ``model`` in place on repeated random sequences for at most ``steps`` AdamW steps,
+    stopping once it copies: argmax accuracy ≥ ``COPY_TARGET`` on the repeated half of a fresh
+    batch (measured before that batch's update). Returns the losses, one per step taken."""
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pool = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
     generator = torch.Generator().manual_seed(seed)
@@ -44,6 +49,8 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
     for _ in range(steps):
         ids, mask = copy_batch(pool, COPY_BATCH, generator)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        if repeated_half_accuracy(logits, ids, mask) >= COPY_TARGET:
+            break
         target_mask = mask[:, 1:].float()
         token_loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         loss = (token_loss * target_mask).sum() / target_mask.sum()
@@ -53,3 +60,13 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def repeated_half_accuracy(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of the second copy's tokens (after its first, which nothing predicts) that
+    ``logits`` [B, T-1, V] predict by argmax."""
+    lengths = mask.sum(1, keepdim=True) // 2
+    target = torch.arange(1, ids.shape[1])
+    repeated = (target >= lengths + 1) & (target < 2 * lengths)
+    hits = (logits.argmax(-1) == ids[:, 1:]) & repeated
+    return float(hits.sum() / repeated.sum())
