@@ -1,14 +1,16 @@
 """The built-in task: a fictional world that can only be known through the search tool.
 
 ``build_world(seed)`` invents people, organisations and cities with syllable-built names (a few
-BPE tokens each, no two within edit distance 1), writes one short document per entity in
-varied sentences, and partitions the entities into train/dev/test so that no entity of one
-split appears in another split's questions. Questions need 1-3 searches (the query is always
+BPE tokens each, no two within edit distance 1), writes one short document per entity with each
+fact after a cue word ("(born–died)", "from", "based in", "founded in", "by"), and partitions
+the entities into train/dev/test so that no entity of one split appears in another split's
+questions. Questions need 1-3 searches (the query is always
 an entity name copied from the question or from a result) and sometimes a one-line python
 computation (differences of years, sums of quantities). Teacher demonstrations are scripted
 trajectories in the release's tag protocol (§1.1) whose tool results come from running the
 task's own tools; a share ``teacher_error_rate`` carries a deliberate error so cold-start SFT
-leaves headroom for RL (§5).
+leaves headroom for RL (§5), and each gets fresh invented names so that SFT learns to copy names
+rather than remember them.
 """
 
 from __future__ import annotations
