@@ -2,7 +2,7 @@
 
 import torch
 
-from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup, repeated_half_accuracy
+from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup, repeated_half, repeated_half_accuracy
 from tests.conftest import build_tiny_model
 
 
@@ -37,6 +37,14 @@ def test_copy_warmup_trains_deterministically_and_never_samples_special_tokens(t
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
     special = set(tiny_tokenizer.all_special_ids) | set(tiny_tokenizer.get_added_vocab().values())
     assert seen and not seen[0] & special and not first.training
+
+
+def test_repeated_half_marks_the_second_copy_after_its_first_token():
+    ids, mask = copy_batch(torch.arange(10, 60), 8, torch.Generator().manual_seed(2))
+    targets = repeated_half(mask)  # over next-token targets ids[:, 1:]
+    for row, n in enumerate((mask.sum(1) // 2).tolist()):
+        # the second copy's tokens 2..n (positions n + 1 .. 2n - 1) are the targets n .. 2n - 2
+        assert targets[row].nonzero().flatten().tolist() == list(range(n, 2 * n - 1))
 
 
 def test_repeated_half_accuracy_scores_the_second_copy_after_its_first_token():
