@@ -47,7 +47,7 @@ class ModelConfig:
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
     tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random sequences, which "
-                                      "stops once it copies 90% of tokens (748 to 3546 steps over four seeds); part of the "
+                                      "stops once it copies 90% of tokens (748 to 3546 steps over six seeds); part of the "
                                       "cached build (stands in for pretraining; 0 skips it).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)

@@ -55,10 +55,15 @@ def _edit_distance(a: str, b: str) -> int:
     return row[-1]
 
 
+def entity_name_words(world) -> set[str]:
+    """Every word of the entities' names (one document per entity, titled by its name), org kinds excepted."""
+    kinds = {"Guild", "Bank", "Press", "Institute", "Company", "Brewery", "Shipyard", "Theatre"}
+    return {w for d in world.corpus for w in d["title"].split() if w not in kinds}
+
+
 def test_name_words_are_never_near_duplicates():
     world = build_world(1, {"train": 24, "dev": 8, "test": 8})
-    words = {w for d in world.corpus for w in d["title"].split() if w not in ("Guild", "Bank", "Press", "Institute",
-                                                                               "Company", "Brewery", "Shipyard", "Theatre")}
+    words = entity_name_words(world)
     assert len(words) > 100
     assert min(_edit_distance(a.lower(), b.lower()) for a, b in itertools.combinations(sorted(words), 2)) >= 2
 
@@ -141,10 +146,9 @@ def test_demonstrations_rename_every_name_consistently(task):
     """Fresh names per demonstration, the same one throughout it; everything else untouched."""
     from aepo_rl.tasks.synthetic import _renamed
 
-    words = {w for name in [*task.world.people, *task.world.cities] for w in name.split()}
-    words |= {name.split()[0] for name in task.world.orgs}
+    words = entity_name_words(task.world)
     for demo in task.demonstrations_for("dev"):
-        new = _renamed(demo, task._name_pattern(), random.Random(0))
+        new = _renamed(demo, task.name_pattern, random.Random(0))
         before, after = demo.example.question + response(demo), new.example.question + response(new)
         capitalised = r"[A-Z][a-z]+"
         assert re.sub(capitalised, "W", before) == re.sub(capitalised, "W", after)  # numbers, tags, layout
@@ -175,8 +179,7 @@ def test_tokenizer_text_holds_no_entity_name(task):
     """Every name word is replaced by a fresh random word, so no entity can become one token."""
     assert SYSTEM_PROMPT in task.texts()
     text = "\n".join(task.texts())
-    words = {w for name in [*task.world.people, *task.world.cities] for w in name.split()}
-    words |= {name.split()[0] for name in task.world.orgs}
+    words = entity_name_words(task.world)
     found = {w for w in words if re.search(rf"\b{w}\b", text)}
     assert len(found) <= len(words) // 50  # only chance collisions with the fresh random words
     assert " was born?" in text and "<search> " in text  # the language itself is kept

@@ -16,6 +16,7 @@ rather than remember them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -380,6 +381,12 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
     return pieces
 
 
+def name_words(world: World) -> set[str]:
+    """The words of the world's entity names: people and cities whole, organisations without
+    their kind ("Guild", "Bank")."""
+    return {w for name in [*world.people, *world.cities] for w in name.split()} | {name.split()[0] for name in world.orgs}
+
+
 def _renamed(demo: Demonstration, names: re.Pattern, rng: random.Random) -> Demonstration:
     """``demo`` with each distinct name word replaced by one fresh invented word throughout."""
     fresh: dict[str, str] = {}
@@ -413,7 +420,6 @@ class SyntheticTask:
             for split in SPLITS}
         self._tools = tools
         self._demos: list[Demonstration] | None = None
-        self._names: re.Pattern | None = None
         self._reward = get_reward(task_cfg.reward, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
 
     def examples(self, split: str) -> list[Example]:
@@ -451,7 +457,7 @@ class SyntheticTask:
             with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
                 pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools), plans))
             names = random.Random(f"renames-{cfg.seed}")
-            self._demos = [_renamed(Demonstration(ex, p, has_error=i in flawed), self._name_pattern(), names)
+            self._demos = [_renamed(Demonstration(ex, p, has_error=i in flawed), self.name_pattern, names)
                            for i, (ex, p) in enumerate(zip(questions, pieces))]
         return self._demos
 
@@ -484,12 +490,9 @@ class SyntheticTask:
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]  # system prompt included
         rng = random.Random(f"tokenizer-{self.cfg.seed}")
-        return [self._name_pattern().sub(lambda _: _syllable_word(rng), text) for text in [*prompts, *train_docs, *demos]]
+        return [self.name_pattern.sub(lambda _: _syllable_word(rng), text) for text in [*prompts, *train_docs, *demos]]
 
-    def _name_pattern(self) -> re.Pattern:
-        """Any word of an entity name (org kinds excepted), as a whole word."""
-        if self._names is None:
-            words = {w for name in [*self.world.people, *self.world.cities] for w in name.split()}
-            words |= {name.split()[0] for name in self.world.orgs}
-            self._names = re.compile(r"\b(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b")
-        return self._names
+    @functools.cached_property
+    def name_pattern(self) -> re.Pattern:
+        """Any word of an entity name (:func:`name_words`), as a whole word."""
+        return re.compile(r"\b(?:" + "|".join(sorted(name_words(self.world), key=len, reverse=True)) + r")\b")
