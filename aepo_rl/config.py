@@ -95,7 +95,8 @@ class RolloutConfig:
     entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy (default) or the release's slot-keyed, never-reset one (§1.4).", choices=("lineage", "slot_persistent"))
     entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
     restarts: bool = knob(True, "Start a fresh trajectory when a prompt has none active and fewer than n (§1.5).")
-    temperature: float = knob(1.0, "Sampling temperature for training rollouts (§1.1).", gt=0)
+    temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release 1.0). 0.9 for the tiny model: "
+                                   "its diffuse SFT policy breaks the format at 1.0 and RL then gains little on some seeds (README, Status).", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
     top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
     max_prompt_length: int = knob(256, "Longest prompt in tokens.", ge=1)

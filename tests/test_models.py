@@ -113,6 +113,11 @@ def test_load_policy_errors_name_the_fix(tmp_path):
         load_policy(tiny_cfg(tmp_path))
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_policy(tiny_cfg(tmp_path, **{"model.path": str(tmp_path)}))
+    step = tmp_path / "step_000003"
+    (step / "model").mkdir(parents=True)
+    (step / "model" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"step checkpoint keeps its model in .*step_000003/model"):
+        load_policy(tiny_cfg(tmp_path, **{"model.path": str(step)}))
 
 
 def test_lora_trains_only_adapter_weights_and_saves_merged(tmp_path, tiny_model, tiny_tokenizer):
