@@ -73,7 +73,8 @@ def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
         return _load_hf_dir(_smollm2_dir(cfg.model), dtype)
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
-        hint = f" (a run's step checkpoint keeps its model in {folder / 'model'})" if (folder / "model" / "config.json").is_file() else ""
+        in_step_checkpoint = (folder / "model" / "config.json").is_file()
+        hint = f" (a run's step checkpoint keeps its model in {folder / 'model'})" if in_step_checkpoint else ""
         raise FileNotFoundError(f"model.path={path!r}: no config.json in {folder}{hint}; expected a Hugging Face "
                                 "model directory, 'smollm2', or null for the tiny default model")
     return _load_hf_dir(folder, dtype)
