@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from aepo_rl.config import load_config
 from aepo_rl.models import encode_prompt
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy,
+from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy, trained_logits,
                                tokenize_demonstration, warmup_cosine)
 
 PIECES = [("<think>find it</think> <search>Velmora founder</search>", True),
@@ -76,6 +76,17 @@ def test_masked_loss_counts_only_trained_targets():
     loss, count = masked_lm_loss(FakeLM(lambda ids: logits), batch, bf16=False)
     assert count.item() == 2
     assert loss.item() == pytest.approx((2.0 + math.log(1 + 3 * math.exp(-2.0)) + second) / 2)
+
+
+def test_trained_logits_of_a_padded_row_equal_those_of_the_row_alone(tiny_model, tiny_tokenizer):
+    """Right padding (collate) must not change a real token's logits."""
+    short = tokenize_demonstration(tiny_tokenizer, demo(), max_length=512)
+    long = tokenize_demonstration(tiny_tokenizer, demo("Who was the founder of the Velmora Guild of Ayrith?"), 512)
+    batch = collate([short, long], tiny_tokenizer.pad_token_id)
+    assert batch["attention_mask"][0].sum() < batch["attention_mask"].shape[1]  # the short row is padded
+    padded, _ = trained_logits(tiny_model, batch, bf16=False)
+    alone, _ = trained_logits(tiny_model, collate([short], tiny_tokenizer.pad_token_id), bf16=False)
+    torch.testing.assert_close(padded[:len(alone)], alone, atol=1e-5, rtol=1e-4)
 
 
 def test_warmup_cosine_values_by_hand():
