@@ -127,6 +127,9 @@ class AlgorithmConfig:
     entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
     entropy_adv_clamp: bool = knob(False, "Clamp the scale 1 + a·z at 0 (§2.2).")
     grad_preserve_entropy_quantile: float | None = knob(None, "Preserve the upper-clip gradient only for tokens above this entropy quantile (§2.3 paper); None = every token (release).", ge=0, le=1)
+    tempered_logprobs: bool = knob(False, "Log-probs, ratios and entropies of training from logits / rollout.temperature, the "
+                                          "distribution the rollout sampled (verl's actor; official); False: the untempered policy's, "
+                                          "as the engine records them. The two agree at temperature 1.")
     gamma: float = knob(1.0, "Discount γ for REINFORCE++ returns (§4).", ge=0, le=1)
     norm_adv_by_std: bool = knob(True, "Divide group advantages by their std (False = Dr.GRPO) (§4).")
     gigpo_step_weight: float = knob(1.0, "ω: weight of GiGPO's step advantage (§4).", ge=0)
@@ -205,13 +208,15 @@ class Config:
 PRESETS: dict[str, dict[str, Any]] = {
     "aepo": {},
     # §1.3-§1.4 and §2.2-§2.4 (release): fixed m, release formulas and quirks, entropy-aware
-    # advantage silently off because entropy_coeff = 0, micro-batch statistics.
+    # advantage silently off because entropy_coeff = 0, micro-batch statistics, log-probs of the
+    # tempered logits (verl's actor divides them by the rollout temperature).
     "official": {
         "rollout.mode": "aepo", "rollout.penalty_scope": "prompt_round",
         "rollout.entropy_measure": "top10_proxy", "rollout.entropy_baseline": "slot_persistent",
         "rollout.entropy_segment": "previous", "rollout.premonitor_formula": "release",
         "rollout.premonitor": False, "algorithm.policy_loss": "aepo",
         "algorithm.entropy_adv_coef": 0.0, "algorithm.entropy_adv_scope": "micro-batch",
+        "algorithm.tempered_logprobs": True,
     },
     "arpo": {"rollout.mode": "arpo", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
     "grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},

@@ -14,6 +14,7 @@ from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
+from aepo_rl.train import rl as rl_module
 from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
                               batched_logprobs, build_optimizer, collate, last_token_rewards, recorded,
                               response_logprobs)
@@ -49,13 +50,14 @@ def test_collate_rejects_a_loss_mask_of_the_wrong_length():
         collate([make_traj([1], [2, 3], [1])], [0], pad_token_id=0)
 
 
-def test_response_logprobs_equal_a_plain_full_forward(tiny_tokenizer, tiny_model):
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_response_logprobs_equal_a_plain_full_forward(tiny_tokenizer, tiny_model, temperature):
     trajs = [make_traj([3, 4, 5, 6], [7, 8, 9], [1, 1, 1]), make_traj([3, 4], [10, 11, 12, 13, 14], [1, 0, 0, 1, 1])]
     batch = collate(trajs, [0, 1], pad_token_id=tiny_tokenizer.pad_token_id)
-    log_probs, entropy = response_logprobs(tiny_model, batch, bf16=False)
+    log_probs, entropy = response_logprobs(tiny_model, batch, bf16=False, temperature=temperature)
     for i, traj in enumerate(trajs):
         ids = torch.tensor([traj.prompt_token_ids + traj.response_token_ids])
-        logits = tiny_model(input_ids=ids).logits[0].float()
+        logits = tiny_model(input_ids=ids).logits[0].float() / temperature
         p = len(traj.prompt_token_ids)
         expected = torch.log_softmax(logits[p - 1:-1], -1).gather(-1, ids[0, p:, None]).squeeze(-1)
         n = len(traj.response_token_ids)
@@ -330,6 +332,37 @@ def test_entropy_stats_from_the_engines_recorded_entropies_equal_a_forward_pass(
                                algorithms.entropy_stats(forward_entropy, mask, scope, index=batch.group_index)):
         torch.testing.assert_close(ours, reference, atol=1e-4, rtol=0)
     assert float(algorithms.entropy_stats(engine_entropy, mask, scope, index=batch.group_index)[1].min()) != 1.0
+
+
+@pytest.mark.parametrize("tempered", [False, True])
+def test_tempered_logprobs_use_the_rollout_temperature_everywhere(tiny_tokenizer, monkeypatch, tempered):
+    """verl's actor (official): π_old, π_ref, π_θ and H_old all from logits / rollout.temperature; the
+    engine's untempered entropies then cannot stand in for H_old, so the old pass covers every row."""
+    calls = {"old": [], "new": []}
+    original_batched, original_response = rl_module.batched_logprobs, rl_module.response_logprobs
+
+    def batched(model, batch, rows, micro_batch_size, bf16, temperature=1.0):
+        calls["old"].append((len(rows), temperature))
+        return original_batched(model, batch, rows, micro_batch_size, bf16, temperature)
+
+    def response(model, batch, **kwargs):
+        calls["new"].append(kwargs.get("temperature", 1.0))
+        return original_response(model, batch, **kwargs)
+
+    monkeypatch.setattr(rl_module, "batched_logprobs", batched)
+    monkeypatch.setattr(rl_module, "response_logprobs", response)
+    cfg = load_config("aepo", overrides={**TINY_RL, "rollout.temperature": 0.5, "algorithm.use_kl_loss": True,
+                                         "algorithm.tempered_logprobs": tempered})
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    metrics = trainer.step()
+    expected = 0.5 if tempered else 1.0
+    assert {t for _, t in calls["old"]} == {expected}  # old-log-prob pass and reference pass
+    assert calls["new"] and set(calls["new"]) == {expected}  # training forwards
+    old_pass_rows, ref_rows = calls["old"][0][0], calls["old"][1][0]
+    # untempered: H_old is the engine's record, so the first mini-batch's own forward serves as π_old
+    assert ref_rows == 4 and old_pass_rows == (4 if tempered else 2)
+    assert ("rollout/logprob_abs_diff" in metrics) == (not tempered)
 
 
 def test_recorded_values_must_cover_every_response_token():

@@ -12,7 +12,9 @@ One RL step (:meth:`RLTrainer.step`):
 5. old log-probs and entropies: one batched no-grad forward of the rollout policy (skipped for the
    first mini-batch when nothing needs them before the update: that mini-batch is on-policy, so its
    own training forward, detached, is π_old); H_old from the engine's recorded entropies when the
-   engine shares the model (§2.2); the reference model's log-probs only when a KL term is on;
+   engine shares the model and log-probs are untempered (§2.2); the reference model's log-probs only
+   when a KL term is on; with ``algorithm.tempered_logprobs`` all of them (and π_θ) come from
+   logits / ``rollout.temperature``, as in verl's actor;
 6. token-level rewards: the (overlong-shaped, §4) score on the last trained response token, minus
    ``kl_coef`` × KL when the KL goes in the reward (REINFORCE++, §4);
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
@@ -143,9 +145,10 @@ def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id
                  group_index=torch.tensor(group_index))
 
 
-def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False
+def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(y_t | prefix) of the taken response tokens and the full-vocabulary entropy H_t, both [B, R].
+    """log π(y_t | prefix) of the taken response tokens and the full-vocabulary entropy H_t, both [B, R],
+    of the policy's logits divided by ``temperature`` (1: the untempered policy).
 
     Only positions from the shortest prompt on are projected onto the vocabulary
     (``logits_to_keep``), then each row's response positions are gathered. No attention mask is
@@ -161,7 +164,7 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     # Response token j of row i is predicted at position prompt_length_i − 1 + j (pads: any valid one).
     positions = batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None, :]
     index = (positions - first).clamp(max=len(window) - 1)
-    logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1])) / temperature
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, batch.responses[..., None]).squeeze(-1)
     if entropy_grad:
         entropy = algorithms.entropy_from_logits(logits)
@@ -169,6 +172,12 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
         with torch.no_grad():
             entropy = algorithms.entropy_from_logits(logits.detach())
     return log_probs, entropy
+
+
+def train_temperature(cfg: Config) -> float:
+    """Temperature of the distribution whose log-probs and entropies training uses:
+    ``rollout.temperature`` with ``algorithm.tempered_logprobs`` (verl's actor), else 1."""
+    return cfg.rollout.temperature if cfg.algorithm.tempered_logprobs else 1.0
 
 
 def recorded(trajectories: list[Trajectory], field: str, like: torch.Tensor) -> torch.Tensor:
@@ -189,14 +198,15 @@ def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: int, bf16: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: int, bf16: bool,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """No-grad log-probs and entropies of ``rows`` ([B, R] tensors, zero elsewhere), micro-batch by micro-batch."""
     was_training = model.training
     model.eval()
     log_probs, entropies = torch.zeros_like(batch.response_mask), torch.zeros_like(batch.response_mask)
     for micro in torch.split(by_length(batch, rows), micro_batch_size) if len(rows) else ():
-        log_probs[micro], entropies[micro] = response_logprobs(model, batch.rows(micro), bf16=bf16)
+        log_probs[micro], entropies[micro] = response_logprobs(model, batch.rows(micro), bf16=bf16,
+                                                               temperature=temperature)
     model.train(was_training)
     return log_probs, entropies
 
@@ -289,7 +299,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
         micro_mask = mask[micro]
         share = float(_agg_units(micro_mask, algo.loss_agg_mode) / units)
         log_probs, entropy = response_logprobs(model, batch.rows(micro), bf16=cfg.trainer.bf16,
-                                               entropy_grad=algo.entropy_coeff > 0)
+                                               entropy_grad=algo.entropy_coeff > 0, temperature=train_temperature(cfg))
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
         if on_policy:
             targets.old_log_probs[micro], targets.old_entropy[micro] = log_probs.detach(), entropy.detach()
@@ -449,23 +459,25 @@ class RLTrainer:
         # distribution of these very weights, i.e. exactly H_old of every row (tool tokens: 0, masked)
         # — for every mini-batch, since the statistics always use π_old, also after optimizer steps —
         # so they need no forward pass (nor bf16 autocast's rounding). Any other engine (a server)
-        # only approximates them, so then the old-log-prob pass covers every row.
-        engine_shares_policy = getattr(self.engine, "model", None) is self.model
+        # only approximates them, and with tempered log-probs H_old is the tempered entropy, so then
+        # the old-log-prob pass covers every row.
+        temperature = train_temperature(cfg)
+        engine_has_old_entropy = getattr(self.engine, "model", None) is self.model and temperature == 1
         needs_old_entropy = (algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0
-                             and algo.entropy_adv_scope != "micro-batch" and not engine_shares_policy)
+                             and algo.entropy_adv_scope != "micro-batch" and not engine_has_old_entropy)
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
         if reuse_first:
             needs_old_pass[mini_batches[0][0]] = False
         t0 = time.perf_counter()
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
-                                                      cfg.trainer.micro_batch_size, cfg.trainer.bf16)
-        if engine_shares_policy:
+                                                      cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
+        if engine_has_old_entropy:
             old_entropy = recorded(trajectories, "entropies", mask)
         ref_log_probs = None
         if self.kl_on:
             ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows),
-                                                cfg.trainer.micro_batch_size, cfg.trainer.bf16)
+                                                cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
         metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
 
         # Rewards (§3, §4): score, DAPO overlong shaping, KL in the reward.
@@ -512,8 +524,10 @@ class RLTrainer:
         metrics.update({key: value / optimizer_steps for key, value in sums.items()})
         metrics["timing_s/update"] = time.perf_counter() - t0
         metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
-        rollout_log_probs = recorded(trajectories, "logprobs", mask)
-        metrics["rollout/logprob_abs_diff"] = float(masked_mean((targets.old_log_probs - rollout_log_probs).abs(), mask.bool()))
+        if temperature == 1:  # the engine records untempered log-probs
+            rollout_log_probs = recorded(trajectories, "logprobs", mask)
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean((targets.old_log_probs - rollout_log_probs).abs(),
+                                                                    mask.bool()))
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
         metrics["critic/rewards/mean"] = float((token_rewards * mask).sum(1).mean())
