@@ -8,7 +8,8 @@ the next-token loss on every position, make the copy circuit form in a phase cha
 induction heads in small transformers) after 748 to 3546 steps at batch 32 over six
 initialisations (measured); the skill then carries over to copying entity names and values in the task.
 Faster-forming settings transferred worse (measured, task and init seed 0): AdamW 6e-3 formed it
-after 889 steps instead of 1533, but the SFT model then scored test pass@1 0.136 instead of 0.492.
+after 889 steps instead of 1533, but the SFT model then scored test pass@1 0.136 instead of 0.492
+(both after 8 SFT epochs).
 Part of the cached tiny-model build (§5's pipeline starts from a pretrained model; this stands
 in for pretraining).
 """
