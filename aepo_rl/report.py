@@ -7,6 +7,7 @@ legend. A panel whose metrics no run logged is skipped, with a line saying so.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -39,6 +40,10 @@ PANELS = (
     Panel("tool_calls.png", "Tool calls per trajectory", ("tool_call_counts/mean",)),
     Panel("response_length.png", "Response length (tokens)", ("response_length/mean",)),
 )
+
+SMOOTH_MIN_POINTS, SMOOTH_WINDOW = 30, 10
+"""A series of at least this many steps (a noisy per-step metric) is drawn faint, with its trailing
+mean over this many steps on top."""
 
 FINAL_VALUE_COLUMNS = ("critic/score/mean", "eval/*/pass@1", "actor/entropy", "tool_call_counts/mean",
                        "response_length/mean", "rollout/branches_per_prompt")
@@ -146,7 +151,12 @@ def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]
             for run, lines in per_metric[metric].items():
                 for name, (steps, values) in lines.items():
                     label = run if name == metric else f"{run}: {name}"
-                    ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+                    if len(steps) < SMOOTH_MIN_POINTS:
+                        ax.plot(steps, values, marker="o", markersize=3, label=label)
+                        continue
+                    (raw,) = ax.plot(steps, values, alpha=0.3, linewidth=1)
+                    ax.plot(steps, trailing_mean(values, SMOOTH_WINDOW), color=raw.get_color(),
+                            label=f"{label} (mean of {SMOOTH_WINDOW} steps)")
             ax.set_title(metric, fontsize=10)
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -159,6 +169,12 @@ def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]
         plt.close(fig)
         written.append(path)
     return written
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Each value averaged with up to ``window`` − 1 values before it."""
+    sums = [0.0, *itertools.accumulate(values)]
+    return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(window, i + 1) for i in range(len(values))]
 
 
 def final_values(records: list[dict], pattern: str) -> dict[str, float]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib.image
 import pytest
 
-from aepo_rl.report import MetricsError, plot_runs, read_metrics, read_run, report_main, series
+from aepo_rl.report import (SMOOTH_WINDOW, MetricsError, plot_runs, read_metrics, read_run, report_main, series,
+                            trailing_mean)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -50,6 +52,30 @@ def test_plot_runs_overlays_runs_and_skips_missing_panels(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "skipped pass_at_1.png: no run logged eval/*/pass@1" in out
     assert "skipped clip_fraction.png: no run logged actor/pg_clipfrac or actor/pg_clipfrac_lower" in out
+
+
+def test_trailing_mean_by_hand():
+    assert trailing_mean([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
+    assert trailing_mean([3.0, 1.0, 2.0], 10) == [3.0, 2.0, 2.0]
+    assert trailing_mean([], 5) == []
+
+
+def test_long_noisy_series_get_a_trailing_mean_and_short_ones_do_not(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    legends = {}
+    original = Figure.savefig
+
+    def spy(fig, path, **kwargs):
+        legends[Path(path).name] = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+        return original(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    long = write_run(tmp_path, "long", [{"step": s, "critic/score/mean": (-1) ** s * 0.5} for s in range(1, 41)])
+    short = write_run(tmp_path, "short", [{"step": s, "critic/score/mean": 0.1 * s} for s in range(1, 5)])
+    plot_runs([long, short], tmp_path / "plots")
+    assert legends["reward.png"] == [f"long (mean of {SMOOTH_WINDOW} steps)", "short"]
+    assert_valid_png(tmp_path / "plots" / "reward.png")
 
 
 def test_read_metrics_sorts_merges_and_keeps_the_last_record_of_a_step(tmp_path):
