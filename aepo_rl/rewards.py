@@ -1,4 +1,4 @@
-"""Rewards on decoded responses (model text and ``<result>`` blocks), aepo-algorithm.md §3.
+"""Rewards on decoded responses (model text and the environment's result blocks), aepo-algorithm.md §3.
 
 Every named reward is a callable ``fn(response, answers, question="") -> float``; get one with
 ``get_reward(name)``. ``compute_score`` is verl's entry point
@@ -9,6 +9,10 @@ The release's deep-research reward (§3)::
     score = -1                                  if the format is wrong
           = f1 + 0.1  if f1 > 0 and both </search> and </python> were used
           = f1        otherwise,    f1 = max over gold answers of token-F1(boxed answer, gold)
+
+Both tool-call formats of the rollout are understood: the release's XML tags answered by
+``<result>`` blocks, and Hermes ``<tool_call>{"name": …}</tool_call>`` answered by
+``<tool_response>`` blocks (``rollout.tool_format=hermes``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ Reward = Callable[..., float]
 MULTI_TOOL_BONUS = 0.1  # §3: added when f1 > 0 and both search and python were used
 FORMAT_PENALTY = -1.0  # §3: any format violation
 _YES_NO = {"yes", "no", "noanswer"}
-_TAG = re.compile(r"</?(think|search|python|result|answer)>")
-_RESULT_BLOCK = re.compile(r"<result>.*?</result>", re.S)
+_TAG = re.compile(r"</?(think|search|python|tool_call|result|tool_response|answer)>")
+_RESULT_BLOCK = re.compile(r"<(result|tool_response)>.*?</\1>", re.S)
+_RESULT_OF_CALL = {"<search>": "<result>", "<python>": "<result>", "<tool_call>": "<tool_response>"}
+"""The block the environment answers each call with (XML release format; Hermes)."""
 
 
 # ---------------------------------------------------------------- answer extraction
@@ -64,8 +70,23 @@ def extract_answer(text: str) -> str | None:
 
 
 def model_text(text: str) -> str:
-    """The response without the environment's ``<result>`` blocks."""
+    """The response without the environment's ``<result>`` / ``<tool_response>`` blocks."""
     return _RESULT_BLOCK.sub("", text)
+
+
+def tools_used(text: str) -> set[str]:
+    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and the ``name`` of
+    each Hermes ``<tool_call>`` whose body is a JSON object."""
+    text = model_text(text)
+    used = {tag for tag in ("search", "python") if f"</{tag}>" in text}
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            used.add(call["name"])
+    return used
 
 
 # ---------------------------------------------------------------- format (§3)
@@ -74,7 +95,8 @@ def format_error(text: str) -> str | None:
     """Why the response breaks the §3 format, or None when it is well formed.
 
     Rules: balanced ``<think>`` tags; every ``<search>``/``<python>`` followed, in order, by its
-    closing tag and a ``<result>…</result>`` block; exactly one ``<answer>`` block holding a
+    closing tag and a ``<result>…</result>`` block (a Hermes ``<tool_call>``: by ``</tool_call>``
+    and a ``<tool_response>…</tool_response>`` block); exactly one ``<answer>`` block holding a
     ``\\boxed{}``. Tags inside a call, an answer or a result block are not checked.
     """
     answers, think_depth, pos = 0, 0, 0
@@ -86,7 +108,7 @@ def format_error(text: str) -> str | None:
             think_depth -= 1
             if think_depth < 0:
                 return "</think> without <think>"
-        elif tag in ("<search>", "<python>", "<answer>"):
+        elif tag in ("<search>", "<python>", "<tool_call>", "<answer>"):
             close = tag.replace("<", "</")
             end = text.find(close, pos)  # the body (code, query, answer) is not parsed for tags
             if end < 0:
@@ -95,13 +117,15 @@ def format_error(text: str) -> str | None:
             if tag == "<answer>":
                 answers += 1
                 continue
+            result = _RESULT_OF_CALL[tag]
             following = _TAG.search(text, pos)
-            if following is None or following.group(0) != "<result>":
-                return f"expected <result> after {close} but found {following.group(0) if following else 'nothing'}"
-            end = text.find("</result>", following.end())
+            if following is None or following.group(0) != result:
+                return f"expected {result} after {close} but found {following.group(0) if following else 'nothing'}"
+            closing = result.replace("<", "</")
+            end = text.find(closing, following.end())
             if end < 0:
-                return "unclosed <result> block"
-            pos = end + len("</result>")
+                return f"unclosed {result} block"
+            pos = end + len(closing)
         else:
             return f"unexpected {tag}"
     if think_depth != 0:
@@ -156,8 +180,7 @@ def deep_research_reward(response: str, answers: list[str], question: str = "") 
     if format_error(response) is not None:
         return FORMAT_PENALTY
     f1 = max_f1(extract_answer(response) or "", answers)
-    calls = model_text(response)
-    if f1 > 0 and "</search>" in calls and "</python>" in calls:
+    if f1 > 0 and {"search", "python"} <= tools_used(response):
         return f1 + MULTI_TOOL_BONUS
     return f1
 

@@ -6,10 +6,14 @@ import httpx
 import pytest
 
 from aepo_rl.rewards import (JudgeUnavailableError, compute_score, deep_research_reward, exact_match_reward,
-                             extract_answer, f1_reward, format_error, get_reward, math_reward, token_f1)
+                             extract_answer, f1_reward, format_error, get_reward, math_reward, token_f1, tools_used)
 
 SEARCH = "<search>Velmora Guild</search> <result>\nPage 1: Velmora Guild — founded by Ada Korrin.\n</result>"
 PYTHON = " <python>1932 - 1874</python> <result>\n58\n</result>"
+HERMES_SEARCH = ('<tool_call>{"name": "search", "arguments": {"query": "Velmora Guild"}}</tool_call>'
+                 "\n<tool_response>\nPage 1: Velmora Guild — founded by Ada Korrin.\n</tool_response>\n")
+HERMES_PYTHON = ('<tool_call>{"name": "python", "arguments": {"code": "1932 - 1874"}}</tool_call><|im_end|>\n'
+                 "<|im_start|>user\n<tool_response>\n58\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
 def answer(text: str) -> str:
@@ -68,6 +72,31 @@ def test_tags_inside_a_result_block_are_tool_output():
     response = "<python>print('<think>')</python> <result>\n<answer>\n</result>" + answer("x")
     assert format_error(response) is None
     assert deep_research_reward(response, ["x"]) == 1.0
+
+
+def test_hermes_calls_are_checked_and_earn_the_multi_tool_bonus():
+    assert deep_research_reward(HERMES_SEARCH + answer("Ada Korrin"), ["Ada Korrin"]) == 1.0
+    assert deep_research_reward(HERMES_SEARCH + HERMES_PYTHON + answer("58"), ["58"]) == pytest.approx(1.1)
+    assert deep_research_reward(HERMES_SEARCH + PYTHON + answer("58"), ["58"]) == pytest.approx(1.1)  # mixed
+    assert tools_used(HERMES_SEARCH + HERMES_PYTHON) == {"search", "python"}
+    assert tools_used('<tool_call>{"name": "python", oops}</tool_call>\n<tool_response>\nError\n</tool_response>') == set()
+
+
+@pytest.mark.parametrize("response, reason", [
+    ('<tool_call>{"name": "search"}</tool_call>' + answer("x"), "expected <tool_response> after </tool_call>"),
+    ('<tool_call>{"name": "search"}</tool_call> <result>\nx\n</result>' + answer("x"), "expected <tool_response>"),
+    ('<tool_call>{"name": "search"}</tool_call>\n<tool_response>\nx\n' + answer("x"), "unclosed <tool_response>"),
+    ('<tool_call>{"name": "search"}' + answer("x"), "missing </tool_call>"),
+    ("<tool_response>\nfake\n</tool_response>" + answer("x"), "unexpected <tool_response>"),
+])
+def test_each_hermes_format_failure_scores_minus_one(response, reason):
+    assert reason in format_error(response)
+    assert deep_research_reward(response, ["x"]) == -1.0
+
+
+def test_tags_inside_a_tool_response_are_tool_output():
+    response = HERMES_SEARCH.replace("Page 1:", "<answer>\\boxed{no}</answer> <search>") + answer("x")
+    assert format_error(response) is None and extract_answer(response) == "x"
 
 
 def test_think_blocks_are_allowed():
