@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -25,8 +25,16 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key and the fix."""
 
 
+def _registered(registry: str) -> tuple[str, ...]:
+    """The names in a registry of ``aepo_rl.algorithms``, read when a config is validated, so a
+    policy loss or advantage estimator the user registered is accepted."""
+    from aepo_rl import algorithms
+
+    return tuple(sorted(getattr(algorithms, registry)))
+
+
 def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, choices: tuple | None = None, factory: Any = None) -> Any:
+         le: float | None = None, choices: tuple | Callable[[], tuple] | None = None, factory: Any = None) -> Any:
     """A config field with its documentation and allowed values (checked by ``validate``)."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
     if factory is not None:
@@ -117,8 +125,10 @@ class RolloutConfig:
 class AlgorithmConfig:
     """Policy loss and advantage settings; ``aepo_rl.algorithms.PolicyLossConfig`` is this class."""
 
-    policy_loss: str = knob("aepo", "Policy loss (§2, §4).", choices=("ppo", "grpo", "dapo", "gppo", "cispo", "gspo", "aepo"))
-    adv_estimator: str = knob("grpo", "Advantage estimator (§2.1, §4).", choices=("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gigpo"))
+    policy_loss: str = knob("aepo", "Policy loss (§2, §4): a name in aepo_rl.algorithms.POLICY_LOSSES (yours too, once registered).",
+                            choices=lambda: _registered("POLICY_LOSSES"))
+    adv_estimator: str = knob("grpo", "Advantage estimator (§2.1, §4): a name in aepo_rl.algorithms.ADVANTAGE_ESTIMATORS (yours too, once registered).",
+                              choices=lambda: _registered("ADVANTAGE_ESTIMATORS"))
     clip_ratio_low: float = knob(0.2, "ε_l, lower clip (§2.3; release 0.2).", ge=0, le=1)
     clip_ratio_high: float = knob(0.2, "ε_h, upper clip (§2.3; release 0.2; DAPO/GPPO 0.28).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound c for A < 0 (§2.3; release 3).", gt=1)
@@ -330,8 +340,9 @@ def validate(cfg: Config) -> Config:
             value, meta, key = getattr(obj, f.name), f.metadata, f"{section.name}.{f.name}"
             if value is None:
                 continue
-            if meta.get("choices") and value not in meta["choices"]:
-                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(meta['choices'])}")
+            choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
+            if choices and value not in choices:
+                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if isinstance(value, float) and not math.isfinite(value):
                     raise ConfigError(f"{key}={value} must be a finite number")

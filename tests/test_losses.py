@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from aepo_rl.algorithms import POLICY_LOSSES, PolicyLossConfig, entropy_stats, get_policy_loss, register_policy_loss
+from aepo_rl.config import ConfigError, load_config
 
 NO_ENT = dict(entropy_adv_coef=0.0)
 
@@ -272,5 +273,8 @@ def test_registry_lists_valid_names_and_accepts_new_losses():
 
     try:
         assert get_policy_loss("my_reinforce") is my_reinforce
+        assert load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"]).algorithm.policy_loss == "my_reinforce"
     finally:
         del POLICY_LOSSES["my_reinforce"]
+    with pytest.raises(ConfigError, match=r"algorithm.policy_loss='my_reinforce' is not allowed; choose one of \['aepo', "):
+        load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"])

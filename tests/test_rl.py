@@ -288,6 +288,32 @@ def test_every_preset_runs_two_rl_steps(tiny_tokenizer, preset):
     assert len(trainer.last_rollout) == 4 and "score" in trainer.last_rollout[0]
 
 
+def test_a_registered_loss_and_estimator_train_through_the_config(tiny_tokenizer):
+    calls = []
+
+    @algorithms.register_advantage_estimator("my_score")
+    def my_score(token_level_rewards, response_mask, index, config=None, **_):
+        scores = token_level_rewards.sum(-1, keepdim=True) * response_mask
+        return scores, scores
+
+    @algorithms.register_policy_loss("my_reinforce")
+    def my_reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                     entropy=None, *, entropy_stats=None, index=None):
+        calls.append(loss_agg_mode)
+        return -algorithms.agg_loss(advantages * log_prob, response_mask, loss_agg_mode), {}
+
+    try:
+        cfg = load_config("aepo", overrides={**TINY_RL, "algorithm.policy_loss": "my_reinforce",
+                                             "algorithm.adv_estimator": "my_score"})
+        model = build_tiny_model(tiny_tokenizer, seed=1)
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+        assert math.isfinite(trainer.step()["actor/grad_norm"])
+    finally:
+        del algorithms.POLICY_LOSSES["my_reinforce"], algorithms.ADVANTAGE_ESTIMATORS["my_score"]
+    assert calls and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_overlong_window_longer_than_the_budget_is_a_config_error(tiny_tokenizer, tiny_model):
     cfg = load_config("dapo", overrides=TINY_RL)
     with pytest.raises(ConfigError, match="overlong_buffer_len=64 must be <= rollout.max_response_length=24"):
