@@ -35,7 +35,8 @@ Reward = Callable[..., float]
 MULTI_TOOL_BONUS = 0.1  # §3: added when f1 > 0 and both search and python were used
 FORMAT_PENALTY = -1.0  # §3: any format violation
 _YES_NO = {"yes", "no", "noanswer"}
-_TAG = re.compile(r"</?(think|search|python|tool_call|result|tool_response|answer)>")
+_TAG = re.compile(r"</?(think|search|python|result|answer)>")
+_TAG_HERMES = re.compile(r"</?(think|search|python|tool_call|result|tool_response|answer)>")
 _RESULT_BLOCK = re.compile(r"<(result|tool_response)>.*?</\1>", re.S)
 _RESULT_OF_CALL = {"<search>": "<result>", "<python>": "<result>", "<tool_call>": "<tool_response>"}
 """The block the environment answers each call with (XML release format; Hermes)."""
@@ -75,11 +76,12 @@ def model_text(text: str) -> str:
 
 
 def tools_used(text: str) -> set[str]:
-    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and the ``name`` of
-    each Hermes ``<tool_call>`` whose body is a JSON object."""
+    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and, in a response
+    with ``<tool_response>`` blocks, the ``name`` of each Hermes ``<tool_call>`` whose body is a JSON object."""
+    hermes = "<tool_response>" in text
     text = model_text(text)
     used = {tag for tag in ("search", "python") if f"</{tag}>" in text}
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S) if hermes else ():
         try:
             call = json.loads(body)
         except json.JSONDecodeError:
@@ -97,10 +99,13 @@ def format_error(text: str) -> str | None:
     Rules: balanced ``<think>`` tags; every ``<search>``/``<python>`` followed, in order, by its
     closing tag and a ``<result>…</result>`` block (a Hermes ``<tool_call>``: by ``</tool_call>``
     and a ``<tool_response>…</tool_response>`` block); exactly one ``<answer>`` block holding a
-    ``\\boxed{}``. Tags inside a call, an answer or a result block are not checked.
+    ``\\boxed{}``. Tags inside a call, an answer or a result block are not checked. Hermes tags
+    count only in a response the environment answered with ``<tool_response>`` blocks; elsewhere
+    ``<tool_call>`` is plain text, as in the release's check.
     """
+    tags = _TAG_HERMES if "<tool_response>" in text else _TAG
     answers, think_depth, pos = 0, 0, 0
-    while (m := _TAG.search(text, pos)) is not None:
+    while (m := tags.search(text, pos)) is not None:
         tag, pos = m.group(0), m.end()
         if tag == "<think>":
             think_depth += 1
@@ -118,7 +123,7 @@ def format_error(text: str) -> str | None:
                 answers += 1
                 continue
             result = _RESULT_OF_CALL[tag]
-            following = _TAG.search(text, pos)
+            following = tags.search(text, pos)
             if following is None or following.group(0) != result:
                 return f"expected {result} after {close} but found {following.group(0) if following else 'nothing'}"
             closing = result.replace("<", "</")

@@ -79,14 +79,22 @@ def test_hermes_calls_are_checked_and_earn_the_multi_tool_bonus():
     assert deep_research_reward(HERMES_SEARCH + HERMES_PYTHON + answer("58"), ["58"]) == pytest.approx(1.1)
     assert deep_research_reward(HERMES_SEARCH + PYTHON + answer("58"), ["58"]) == pytest.approx(1.1)  # mixed
     assert tools_used(HERMES_SEARCH + HERMES_PYTHON) == {"search", "python"}
+    assert tools_used(SEARCH + ' <tool_call>{"name": "python"}</tool_call>') == {"search"}  # XML: plain text
     assert tools_used('<tool_call>{"name": "python", oops}</tool_call>\n<tool_response>\nError\n</tool_response>') == set()
 
 
+def test_a_tool_call_tag_is_plain_text_in_an_xml_response_as_in_the_release():
+    response = SEARCH + ' <tool_call>{"name": "search"}</tool_call>' + answer("Ada Korrin")
+    assert format_error(response) is None and deep_research_reward(response, ["Ada Korrin"]) == 1.0
+
+
 @pytest.mark.parametrize("response, reason", [
-    ('<tool_call>{"name": "search"}</tool_call>' + answer("x"), "expected <tool_response> after </tool_call>"),
-    ('<tool_call>{"name": "search"}</tool_call> <result>\nx\n</result>' + answer("x"), "expected <tool_response>"),
+    ('<tool_call>{"name": "search"}</tool_call>' + answer("x") + "<tool_response>\nx\n</tool_response>",
+     "expected <tool_response> after </tool_call> but found <answer>"),
+    ('<tool_call>{"name": "search"}</tool_call> <result>\nx\n</result>' + HERMES_SEARCH + answer("x"),
+     "expected <tool_response> after </tool_call> but found <result>"),
     ('<tool_call>{"name": "search"}</tool_call>\n<tool_response>\nx\n' + answer("x"), "unclosed <tool_response>"),
-    ('<tool_call>{"name": "search"}' + answer("x"), "missing </tool_call>"),
+    ('<tool_call>{"name": "search"}' + answer("x") + "<tool_response>\nx\n</tool_response>", "missing </tool_call>"),
     ("<tool_response>\nfake\n</tool_response>" + answer("x"), "unexpected <tool_response>"),
 ])
 def test_each_hermes_format_failure_scores_minus_one(response, reason):
