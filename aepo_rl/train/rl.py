@@ -164,7 +164,9 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     # Response token j of row i is predicted at position prompt_length_i − 1 + j (pads: any valid one).
     positions = batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None, :]
     index = (positions - first).clamp(max=len(window) - 1)
-    logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1])) / temperature
+    logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    if temperature != 1:
+        logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, batch.responses[..., None]).squeeze(-1)
     if entropy_grad:
         entropy = algorithms.entropy_from_logits(logits)
