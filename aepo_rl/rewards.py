@@ -35,8 +35,9 @@ Reward = Callable[..., float]
 MULTI_TOOL_BONUS = 0.1  # §3: added when f1 > 0 and both search and python were used
 FORMAT_PENALTY = -1.0  # §3: any format violation
 _YES_NO = {"yes", "no", "noanswer"}
-_TAG = re.compile(r"</?(think|search|python|result|answer)>")
-_TAG_HERMES = re.compile(r"</?(think|search|python|tool_call|result|tool_response|answer)>")
+_XML_TAGS = ("think", "search", "python", "result", "answer")
+_TAG = re.compile(rf"</?({'|'.join(_XML_TAGS)})>")
+_TAG_HERMES = re.compile(rf"</?({'|'.join(_XML_TAGS + ('tool_call', 'tool_response'))})>")
 _RESULT_BLOCK = re.compile(r"<(result|tool_response)>.*?</\1>", re.S)
 _RESULT_OF_CALL = {"<search>": "<result>", "<python>": "<result>", "<tool_call>": "<tool_response>"}
 """The block the environment answers each call with (XML release format; Hermes)."""
@@ -75,13 +76,20 @@ def model_text(text: str) -> str:
     return _RESULT_BLOCK.sub("", text)
 
 
+def answered_in_hermes(text: str) -> bool:
+    """The environment answered a call with a ``<tool_response>`` block (``rollout.tool_format=hermes``);
+    only then do Hermes tags count, elsewhere ``<tool_call>`` is plain text as in the release."""
+    return "<tool_response>" in text
+
+
 def tools_used(text: str) -> set[str]:
-    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and, in a response
-    with ``<tool_response>`` blocks, the ``name`` of each Hermes ``<tool_call>`` whose body is a JSON object."""
-    hermes = "<tool_response>" in text
-    text = model_text(text)
-    used = {tag for tag in ("search", "python") if f"</{tag}>" in text}
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S) if hermes else ():
+    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and, in a Hermes
+    response, the ``name`` of each ``<tool_call>`` whose body is a JSON object."""
+    own = model_text(text)
+    used = {tag for tag in ("search", "python") if f"</{tag}>" in own}
+    if not answered_in_hermes(text):
+        return used
+    for body in re.findall(r"<tool_call>(.*?)</tool_call>", own, re.S):
         try:
             call = json.loads(body)
         except json.JSONDecodeError:
@@ -103,7 +111,7 @@ def format_error(text: str) -> str | None:
     count only in a response the environment answered with ``<tool_response>`` blocks; elsewhere
     ``<tool_call>`` is plain text, as in the release's check.
     """
-    tags = _TAG_HERMES if "<tool_response>" in text else _TAG
+    tags = _TAG_HERMES if answered_in_hermes(text) else _TAG
     answers, think_depth, pos = 0, 0, 0
     while (m := tags.search(text, pos)) is not None:
         tag, pos = m.group(0), m.end()
