@@ -282,8 +282,9 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     (tokens for token-mean, sequences for the seq-mean modes), so the accumulated gradient equals
     the gradient of the loss over the whole mini-batch while memory is bounded by the micro-batch.
     seq-mean-token-sum-norm divides by ``algorithm.loss_scale_factor`` or else
-    ``rollout.max_response_length``, a constant (Dr.GRPO, §4). Loss = policy loss (§2.3, §4) − entropy_coeff·agg(H) +
-    kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
+    ``rollout.max_response_length``, a constant (Dr.GRPO, §4). Metrics are averaged with the
+    default (mini-batch) shares, which sum to 1 in either scope. Loss = policy loss (§2.3, §4) −
+    entropy_coeff·agg(H) + kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
 
     Entropy-aware advantage statistics (§2.2): for the mini-batch and group scopes they are
     computed once here from the OLD policy's entropies of the whole mini-batch (the policy that
@@ -304,7 +305,8 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     for positions in torch.split(torch.arange(len(rows)), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
-        share = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode, algo.loss_agg_scope)
+        share = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode)
+        weight = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode, algo.loss_agg_scope)
         log_probs, entropy = response_logprobs(model, batch.rows(micro), bf16=cfg.trainer.bf16,
                                                entropy_grad=algo.entropy_coeff > 0, temperature=train_temperature(cfg))
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
@@ -322,7 +324,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             kl_loss = algorithms.agg_loss(kl, micro_mask, algo.loss_agg_mode, algo.loss_scale_factor)
             loss = loss + algo.kl_loss_coef * kl_loss
             loss_metrics["actor/kl_loss"] = float(kl_loss.detach())
-        (loss * share).backward()
+        (loss * weight).backward()
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
