@@ -133,6 +133,11 @@ class AlgorithmConfig:
     clip_ratio_high: float = knob(0.2, "ε_h, upper clip (§2.3; release 0.2; DAPO/GPPO 0.28).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound c for A < 0 (§2.3; release 3).", gt=1)
     loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.4).", choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    loss_agg_scope: str = knob("mini-batch", "Loss normalised over the whole mini-batch (verl ≥ 0.6; default) or over each micro-batch, "
+                                             "micro-batch losses weighted by their share of sequences (release, verl 0.3.1) (§2.4).",
+                               choices=("mini-batch", "micro-batch"))
+    loss_scale_factor: int | None = knob(None, "Constant divisor T of seq-mean-token-sum-norm (Dr.GRPO, §4; verl's actor.loss_scale_factor) "
+                                               "in tokens; None = rollout.max_response_length, the length the release pads responses to.", ge=1)
     entropy_adv_coef: float = knob(0.2, "a in Ã = A·(1 + a·z) (§2.2; release 0.2, silently off); 0 disables.", ge=0)
     entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
     entropy_adv_clamp: bool = knob(False, "Clamp the scale 1 + a·z at 0 (§2.2).")
@@ -219,14 +224,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aepo": {},
     # §1.3-§1.4 and §2.2-§2.4 (release): fixed m, release formulas and quirks, entropy-aware
     # advantage silently off because entropy_coeff = 0, micro-batch statistics, log-probs of the
-    # tempered logits (verl's actor divides them by the rollout temperature).
+    # tempered logits (verl's actor divides them by the rollout temperature), the loss normalised
+    # per micro-batch (verl 0.3.1's dp_actor).
     "official": {
         "rollout.mode": "aepo", "rollout.penalty_scope": "prompt_round",
         "rollout.entropy_measure": "top10_proxy", "rollout.entropy_baseline": "slot_persistent",
         "rollout.entropy_segment": "previous", "rollout.premonitor_formula": "release",
         "rollout.premonitor": False, "algorithm.policy_loss": "aepo",
         "algorithm.entropy_adv_coef": 0.0, "algorithm.entropy_adv_scope": "micro-batch",
-        "algorithm.tempered_logprobs": True,
+        "algorithm.tempered_logprobs": True, "algorithm.loss_agg_scope": "micro-batch",
     },
     "arpo": {"rollout.mode": "arpo", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
     "grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
@@ -235,8 +241,9 @@ PRESETS: dict[str, dict[str, Any]] = {
              "algorithm.entropy_adv_coef": 0.0},
     "gppo": {"rollout.mode": "independent", "algorithm.policy_loss": "gppo", "algorithm.clip_ratio_high": 0.28,
              "algorithm.entropy_adv_coef": 0.0},
+    # CISPO paper (§4): the IS weight is capped from above only; ε_l = 1 makes the lower bound 0.
     "cispo": {"rollout.mode": "independent", "algorithm.policy_loss": "cispo", "algorithm.clip_ratio_high": 0.28,
-              "algorithm.entropy_adv_coef": 0.0},
+              "algorithm.clip_ratio_low": 1.0, "algorithm.entropy_adv_coef": 0.0},
     "gspo": {"rollout.mode": "independent", "algorithm.policy_loss": "gspo", "algorithm.clip_ratio_low": 0.0003,
              "algorithm.clip_ratio_high": 0.0004, "algorithm.loss_agg_mode": "seq-mean-token-mean",
              "algorithm.entropy_adv_coef": 0.0},

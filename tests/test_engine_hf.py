@@ -10,7 +10,7 @@ import torch
 
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
-from aepo_rl.engines.sampling import sample_tokens, token_statistics
+from aepo_rl.engines.sampling import release_top10_proxy, sample_tokens, token_statistics
 
 
 class Recorder:
@@ -45,13 +45,15 @@ class Recorder:
             logits = model(torch.tensor([ids])).logits[0].float()
         logp = torch.log_softmax(logits, -1)
         entropy = -(logp.exp() * logp).sum(-1)
-        top = logp.topk(10, -1).values
+        top, top_ids = logp.topk(10, -1)
         top10 = -(top.exp() * top).sum(-1)
         worst = 0.0
         for pos, tok, lp, ent, t10 in self.records[seq]:
             assert ids[pos] == tok
-            worst = max(worst, abs(logp[pos - 1, tok].item() - lp), abs(entropy[pos - 1].item() - ent),
-                        abs(top10[pos - 1].item() - t10))
+            sampled = logp[pos - 1, tok]  # the release proxy adds the sampled token when outside the top 10
+            expected = top10[pos - 1] + (0.0 if tok in top_ids[pos - 1] else -(sampled.exp() * sampled))
+            worst = max(worst, abs(sampled.item() - lp), abs(entropy[pos - 1].item() - ent),
+                        abs(float(expected) - t10))
         return worst
 
 
@@ -236,12 +238,23 @@ def test_model_mode_is_restored(tiny_tokenizer):
 
 def test_token_statistics_by_hand():
     probs = torch.tensor([0.3, 0.2, 0.1] + [0.04] * 10)
-    logprobs, p, entropy, top10 = token_statistics(probs.log()[None])
+    logprobs, p, entropy = token_statistics(probs.log()[None])
+    top10 = release_top10_proxy(logprobs, torch.tensor([0]))  # the sampled token is the most likely one
     assert torch.allclose(p[0], probs, atol=1e-6) and torch.allclose(logprobs.exp(), p)
     full = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 10 * 0.04 * math.log(0.04))
     proxy = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 7 * 0.04 * math.log(0.04))
     assert entropy.item() == pytest.approx(full, abs=1e-5)
     assert top10.item() == pytest.approx(proxy, abs=1e-5)
+
+
+def test_release_top10_proxy_adds_the_sampled_token_outside_the_top_10():
+    # 13 tokens: the top 10 hold 0.9 of the mass; tokens 10-12 have 0.04, 0.035, 0.025
+    probs = [0.2, 0.15, 0.1, 0.09, 0.08, 0.07, 0.06, 0.055, 0.05, 0.045, 0.04, 0.035, 0.025]
+    logprobs = torch.tensor(probs, dtype=torch.float64).log()[None].repeat(2, 1)
+    top10 = -sum(p * math.log(p) for p in probs[:10])
+    # sampled token 4 (inside the top 10): the top 10 alone; token 11 (outside): its entry is added
+    proxy = release_top10_proxy(logprobs, torch.tensor([4, 11]))
+    assert proxy.tolist() == pytest.approx([top10, top10 - 0.035 * math.log(0.035)], abs=1e-12)
 
 
 def _draw(params, rows=20000, seed=0):

@@ -13,7 +13,7 @@ from aepo_rl.config import Config
 from aepo_rl.engines import build_engine
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
-from aepo_rl.engines.openai import OpenAIEngine
+from aepo_rl.engines.openai import OpenAIEngine, top_k_proxy
 
 TOP = {"token_id:1": -0.5, "token_id:2": -1.5, "token_id:3": -2.5}
 """The fake server's top_logprobs at every position."""
@@ -63,6 +63,16 @@ def proxy(k):
     return -sum(math.exp(v) * v for v in sorted(TOP.values(), reverse=True)[:k])
 
 
+def test_release_top10_proxy_by_hand():
+    top = {f"token_id:{i}": math.log(p) for i, p in enumerate([0.3, 0.2, 0.1] + [0.03] * 12)}
+    top10 = -(0.3 * math.log(0.3) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1) + 7 * 0.03 * math.log(0.03))
+    # the sampled token among the 10 largest: nothing added; ranked 11th-15th or absent: its entry added once
+    assert top_k_proxy(top, 10, ("token_id:1", math.log(0.2))) == pytest.approx(top10)
+    assert top_k_proxy(top, 10, ("token_id:14", math.log(0.03))) == pytest.approx(top10 - 0.03 * math.log(0.03))
+    assert top_k_proxy(top, 10, ("token_id:99", math.log(0.01))) == pytest.approx(top10 - 0.01 * math.log(0.01))
+    assert top_k_proxy(top, 10) == pytest.approx(top10)
+
+
 def test_round_trip_with_stop_string_and_token_ids(tiny_tokenizer):
     tok = tiny_tokenizer
     server = FakeServer(tok, "Velmora founder</search> trailing words")
@@ -75,7 +85,8 @@ def test_round_trip_with_stop_string_and_token_ids(tiny_tokenizer):
     assert (seg.finish_reason, seg.stop_string) == ("stop", "</search>")
     assert seg.logprobs == [-0.25 * (i + 1) for i in range(len(seg.token_ids))]
     assert seg.entropies == pytest.approx([proxy(20)] * len(seg.token_ids))
-    assert seg.top10_entropies == pytest.approx([proxy(10)] * len(seg.token_ids))
+    # the sampled tokens are not among the returned top log-probs: the release proxy adds their entry
+    assert seg.top10_entropies == pytest.approx([proxy(10) - math.exp(lp) * lp for lp in seg.logprobs])
     body = server.bodies[0]
     assert body["prompt"] == prompt and body["max_tokens"] == 40 and body["model"] == "policy"
     assert (body["temperature"], body["top_p"], body["logprobs"], body["stop"]) == (0.7, 0.9, 20, ["</search>"])

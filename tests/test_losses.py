@@ -53,8 +53,12 @@ def test_gradient_table_in_one_batch_and_equal_forward():
     expected_loss = -1.1 - 1.2 + 0.9 + 2.0 + 0.8 + 3.0
     for name, (loss, metrics, _) in results.items():
         assert loss.item() == pytest.approx(expected_loss, abs=1e-5)
-        assert metrics["actor/pg_clipfrac"] == pytest.approx(1 / 6)
+        # verl's meaning: clipped branch taken at either bound (r = 1.5, A > 0 and r = 0.5, A < 0);
+        # _lower = dual clip active (r = 4, A < 0); our split by bound under other names
+        assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 6)
         assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 6)
+        assert metrics["actor/pg_clipfrac_upper_bound"] == pytest.approx(1 / 6)
+        assert metrics["actor/pg_clipfrac_lower_bound"] == pytest.approx(1 / 6)
     assert results["aepo"][1]["actor/grad_preserved_frac"] == pytest.approx(1 / 6)
 
 
@@ -73,26 +77,50 @@ def test_dapo_clip_higher_by_hand():
                                    clip_ratio_high=0.28)
     assert loss.item() == pytest.approx(-1.25 - 1.28 + 2 * 0.8, abs=1e-6)
     assert torch.allclose(grad, torch.tensor([[-1.25, 0.0, 0.0]]), atol=1e-6)
-    assert metrics["actor/pg_clipfrac"] == pytest.approx(1 / 3)
-    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 3)
+    # r = 1.4 (A > 0) and r = 0.7 (A < 0) take the clipped branch; −A·max(r, clip(r)) = 1.6 < −A·c = 6: no dual clip
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 3)
+    assert metrics["actor/pg_clipfrac_lower"] == 0.0
+    assert metrics["actor/pg_clipfrac_upper_bound"] == pytest.approx(1 / 3)
+    assert metrics["actor/pg_clipfrac_lower_bound"] == pytest.approx(1 / 3)
     # the same tokens under symmetric ε = 0.2 (ppo): 1.25 is clipped too
     _, _, grad = run_loss("ppo", [[math.log(1.25), math.log(1.4), math.log(0.7)]], [[1.0, 1.0, -2.0]])
     assert torch.allclose(grad, torch.zeros(1, 3))
 
 
-def test_cispo_by_hand():
+def run_cispo(**cfg_kw):
+    """CISPO on two tokens: r = 1.5 with A = +1 and r = 0.5 with A = −1, log π = (−0.5, −1)."""
     log_prob = torch.tensor([[-0.5, -1.0]], requires_grad=True)
     ratios = torch.tensor([[1.5, 0.5]])
     old = log_prob.detach() - ratios.log()
-    cfg = PolicyLossConfig(clip_ratio_high=0.28, **NO_ENT)
+    cfg = PolicyLossConfig(clip_ratio_high=0.28, **NO_ENT, **cfg_kw)
     loss, metrics = get_policy_loss("cispo")(old, log_prob, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2),
                                              "token-mean", cfg)
     loss.backward()
+    return loss, metrics, log_prob.grad
+
+
+def test_cispo_by_hand():
+    # CISPO paper (the cispo preset, ε_l = 1: no lower bound)
+    loss, metrics, grad = run_cispo(clip_ratio_low=1.0)
     # −sg(min(r, 1.28))·A·log π: token 1: −1.28·1·(−0.5) = 0.64; token 2: −0.5·(−1)·(−1) = −0.5
     assert loss.item() == pytest.approx((0.64 - 0.5) / 2, abs=1e-6)
-    assert torch.allclose(log_prob.grad, torch.tensor([[-1.28 / 2, 0.5 / 2]]), atol=1e-6)
+    assert torch.allclose(grad, torch.tensor([[-1.28 / 2, 0.5 / 2]]), atol=1e-6)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
+    assert metrics["actor/pg_clipfrac_lower"] == 0.0
     assert metrics["actor/ppo_kl"] == pytest.approx(-(math.log(1.5) + math.log(0.5)) / 2, abs=1e-6)
+    assert load_config("cispo").algorithm.clip_ratio_low == 1.0
+
+
+def test_cispo_with_verls_lower_bound_by_hand():
+    # verl's compute_policy_loss_cispo: weight clip(r, 1 − ε_l, 1 + ε_h) = (1.28, 0.8) with ε_l = 0.2
+    loss, metrics, grad = run_cispo(clip_ratio_low=0.2)
+    # token 1: −1.28·1·(−0.5) = 0.64; token 2: −0.8·(−1)·(−1) = −0.8
+    assert loss.item() == pytest.approx((0.64 - 0.8) / 2, abs=1e-6)
+    assert torch.allclose(grad, torch.tensor([[-1.28 / 2, 0.8 / 2]]), atol=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 1.0  # both weights clipped
+    assert metrics["actor/pg_clipfrac_lower"] == 0.0  # no dual clip in CISPO
+    assert metrics["actor/pg_clipfrac_upper_bound"] == pytest.approx(0.5)
+    assert metrics["actor/pg_clipfrac_lower_bound"] == pytest.approx(0.5)
 
 
 def test_gspo_by_hand():

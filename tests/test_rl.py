@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -191,12 +192,57 @@ def test_gradient_accumulation_equals_the_full_batch_gradient(tiny_tokenizer, ti
     log_probs, entropy = response_logprobs(model, batch, bf16=False)
     stats = (algorithms.entropy_stats(targets.old_entropy, batch.response_mask, "mini-batch")
              if cfg.algorithm.policy_loss == "aepo" else None)
+    # (seq-mean-token-sum-norm divides by the trainer's constant T = rollout.max_response_length)
+    algo = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.rollout.max_response_length)
     loss, _ = algorithms.get_policy_loss(cfg.algorithm.policy_loss)(
         targets.old_log_probs, log_probs, targets.advantages, batch.response_mask, loss_agg_mode=mode,
-        config=cfg.algorithm, entropy=entropy, entropy_stats=stats)
+        config=algo, entropy=entropy, entropy_stats=stats)
     loss.backward()
     for a, b in zip(_grads(model), micro):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def _widened(batch: Batch, extra: int, pad_token_id: int) -> Batch:
+    """``batch`` with ``extra`` more padded response columns (mask 0): as if a longer response were in the RL batch."""
+    pad = torch.full((batch.num_rows, extra), pad_token_id, dtype=torch.long)
+    return dataclasses.replace(batch, responses=torch.cat([batch.responses, pad], 1),
+                               response_mask=torch.cat([batch.response_mask, torch.zeros(batch.num_rows, extra)], 1))
+
+
+def test_dr_grpo_divisor_is_the_response_budget_not_the_longest_response(tiny_tokenizer, tiny_model):
+    trajs = [make_traj([3, 4, 5], [7, 8, 9, 10], [1, 1, 0, 1]), make_traj([3], [13, 14], [1, 1])]
+    batch = collate(trajs, [0, 0], tiny_tokenizer.pad_token_id)
+    cfg = load_config("dr_grpo", overrides={"rollout.max_response_length": 64})
+    model = copy.deepcopy(tiny_model)
+    targets = _random_targets(batch)
+    grads = _accumulated(model, batch, targets, cfg)
+    wide = _widened(batch, 5, tiny_tokenizer.pad_token_id)
+    pad = torch.zeros(batch.num_rows, 5)
+    wide_targets = Targets(torch.cat([targets.old_log_probs, pad], 1), torch.cat([targets.old_entropy, pad], 1),
+                           torch.cat([targets.advantages, pad], 1))
+    for a, b in zip(grads, _accumulated(model, wide, wide_targets, cfg)):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+    # by hand: Σ_i Σ_t m·L / (2 sequences · 64); doubling the budget halves the gradient
+    cfg.algorithm.loss_scale_factor = 128
+    for a, b in zip(grads, _accumulated(model, batch, targets, cfg)):
+        torch.testing.assert_close(a, 2 * b, atol=1e-7, rtol=1e-4)
+
+
+def test_micro_batch_scope_weights_micro_batches_by_sequences_as_the_release(tiny_tokenizer, tiny_model):
+    # One sequence per micro-batch: the release's Σ_k (1/B)·token-mean_k is seq-mean-token-mean of the batch.
+    trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
+             make_traj([3, 4], [15, 16, 17], [1, 1, 1])]
+    batch = collate(trajs, [0, 0, 1], tiny_tokenizer.pad_token_id)
+    targets = _random_targets(batch)
+    model = copy.deepcopy(tiny_model)
+    release = load_config("grpo", overrides={"algorithm.loss_agg_scope": "micro-batch", "trainer.micro_batch_size": 1})
+    per_sequence = load_config("grpo", overrides={"algorithm.loss_agg_mode": "seq-mean-token-mean"})
+    global_mean = load_config("grpo")
+    got = _accumulated(model, batch, targets, release)
+    for a, b in zip(got, _accumulated(model, batch, targets, per_sequence)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(got, _accumulated(model, batch, targets, global_mean)))
+    assert load_config("official").algorithm.loss_agg_scope == "micro-batch"
 
 
 def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):

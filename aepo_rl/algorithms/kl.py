@@ -44,6 +44,6 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float,
-                  loss_agg_mode: str = "token-mean") -> torch.Tensor:
+                  loss_agg_mode: str = "token-mean", loss_scale_factor: int | None = None) -> torch.Tensor:
     """Loss term −coef · agg(H): add it to the policy loss to reward entropy (``entropy_coeff``)."""
-    return -coef * agg_loss(entropy, mask, loss_agg_mode)
+    return -coef * agg_loss(entropy, mask, loss_agg_mode, loss_scale_factor)

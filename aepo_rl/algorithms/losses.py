@@ -38,8 +38,9 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
     whose gradient w.r.t. log π is (1+ε_h) instead of 0. ``preserve_high`` may be a bool tensor
     selecting the tokens that get it (AEPO's high-entropy option). Forward values equal PPO's.
 
-    Returns (loss, upper, lower): ``upper`` = A > 0 and r > 1+ε_h (the upper bound is active),
-    ``lower`` = A < 0 and r < 1−ε_l (the lower bound is active).
+    Returns (loss, upper, lower, dual): ``upper`` = A > 0 and r > 1+ε_h (the upper bound is
+    active), ``lower`` = A < 0 and r < 1−ε_l (the lower bound is active), ``dual`` = A < 0 and
+    max(−A·r, −A·clip(r)) > −A·c (the dual clip is active; all False without a dual clip).
     """
     low, high = 1.0 - eps_low, 1.0 + eps_high
     # Which branch max/min picks is decided without autograd; the loss is then −A·r·K + C with a
@@ -59,12 +60,13 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
         slope = torch.where(take_clip, torch.where(preserve, clipped / r, 0.0), 1.0)
         const = torch.where(take_clip & ~preserve, -a * clipped, 0.0)
         negative = a < 0
+        dual = torch.zeros_like(above)
         if dual_clip is not None:
             dual = negative & (-a * dual_clip < -a * torch.where(take_clip, clipped, r))
             slope = torch.where(dual, 0.0, slope)
             const = torch.where(dual, -a * dual_clip, const)
     loss = torch.addcmul(const, ratio * slope, -adv)
-    return loss, above & (a > 0), below & negative
+    return loss, above & (a > 0), below & negative, dual
 
 
 def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy):
@@ -77,17 +79,26 @@ def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return cfg, mask, t["log_prob"], log_ratio, t["advantages"], t.get("entropy")
 
 
-def _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra=None):
-    """Aggregate and compute the verl metrics (one host sync for all of them). ``upper``,
-    ``lower``, ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their
-    masked means are plain sums over the token count."""
-    loss = agg_loss(loss_mat, mask, loss_agg_mode)
+def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra=None):
+    """Aggregate (T of seq-mean-token-sum-norm = ``cfg.loss_scale_factor``) and compute the metrics
+    (one host sync for all of them), §7.
+
+    verl's names mean what verl's ``compute_policy_loss_vanilla`` means: ``actor/pg_clipfrac`` =
+    share of masked tokens where the clipped branch is taken (either bound: ``upper | lower``),
+    ``actor/pg_clipfrac_lower`` = share where the dual clip is active (``dual``). Our split by
+    bound: ``actor/pg_clipfrac_upper_bound`` (A > 0, r > 1+ε_h) and
+    ``actor/pg_clipfrac_lower_bound`` (A < 0, r < 1−ε_l). ``upper``, ``lower``, ``dual``,
+    ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their masked means
+    are plain sums over the token count."""
+    loss = agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor)
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
         values = {
             "actor/pg_loss": loss.detach(),
-            "actor/pg_clipfrac": upper.sum() / count,
-            "actor/pg_clipfrac_lower": lower.sum() / count,
+            "actor/pg_clipfrac": (upper | lower).sum() / count,
+            "actor/pg_clipfrac_lower": dual.sum() / count,
+            "actor/pg_clipfrac_upper_bound": upper.sum() / count,
+            "actor/pg_clipfrac_lower_bound": lower.sum() / count,
             "actor/ppo_kl": -log_ratio.detach().sum() / count,
             **{name: value.sum() / count for name, value in (extra or {}).items()},
         }
@@ -98,9 +109,9 @@ def _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra=None):
 def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False):
     """The clipped surrogate of ``ppo``/``gppo``/``gspo`` (hard bounds, or both gradient-preserving),
     aggregated, with its metrics."""
-    loss_mat, upper, lower = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
-                                               preserve_low=preserve_both, preserve_high=preserve_both)
-    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower)
+    loss_mat, upper, lower, dual = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
+                                                     preserve_low=preserve_both, preserve_high=preserve_both)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual)
 
 
 @register_policy_loss("ppo", "grpo", "dapo")
@@ -156,23 +167,26 @@ def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
         scale = entropy_adv.entropy_adv_scale(entropy, mask, cfg.entropy_adv_coef, cfg.entropy_adv_clamp, stats)
         adv = adv * scale
     preserve_high = True if quantile is None else _high_entropy_tokens(entropy, mask, quantile)
-    loss_mat, upper, lower = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_ratio_low, cfg.clip_ratio_high,
-                                               cfg.clip_ratio_c, preserve_high=preserve_high)
+    loss_mat, upper, lower, dual = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                                     cfg.clip_ratio_c, preserve_high=preserve_high)
     extra = {"actor/grad_preserved_frac": upper if preserve_high is True else upper & preserve_high,
              "actor/entropy_adv_scale/mean": torch.where(mask, scale, 0.0)}
-    return _finish(loss_mat, mask, loss_agg_mode, log_ratio, upper, lower, extra)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra)
 
 
 @register_policy_loss("cispo")
 def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                       config=None, entropy=None, *, entropy_stats=None, index=None):
-    """CISPO (§4): −sg(min(r, 1+ε_h))·A·log π — no token is dropped, the IS weight is capped.
-    pg_clipfrac = share of masked tokens whose weight is capped (r > 1+ε_h); no lower bound."""
+    """CISPO (§4) as verl's ``compute_policy_loss_cispo``: −sg(clip(r, 1−ε_l, 1+ε_h))·A·log π —
+    no token is dropped, the IS weight is clipped to [1−ε_l, 1+ε_h] whatever the sign of A.
+    The CISPO paper's weight has no lower bound: ``clip_ratio_low=1`` gives it (the ``cispo``
+    preset). pg_clipfrac = share of masked tokens whose weight is clipped (either bound);
+    pg_clipfrac_lower = 0 (no dual clip), as in verl."""
     cfg, mask, logp, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     ratio = log_ratio.detach().exp()
-    weight = ratio.clamp(max=1.0 + cfg.clip_ratio_high)
-    capped = ratio > 1.0 + cfg.clip_ratio_high
-    return _finish(-weight * adv * logp, mask, loss_agg_mode, log_ratio, capped, torch.zeros_like(capped))
+    weight = ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    upper, lower = ratio > 1.0 + cfg.clip_ratio_high, ratio < 1.0 - cfg.clip_ratio_low
+    return _finish(-weight * adv * logp, mask, loss_agg_mode, cfg, log_ratio, upper, lower, torch.zeros_like(upper))
 
 
 @register_policy_loss("gspo")

@@ -35,7 +35,8 @@ class Segment:
     entropies: list[float]
     """Full-vocabulary entropy (nats) of the untempered distribution at each generated position."""
     top10_entropies: list[float] = field(default_factory=list)
-    """Release proxy per position (§1.2): −Σ p·log p over the 10 most likely tokens."""
+    """Release proxy per position (§1.2): −Σ p·log p over the 10 most likely tokens and the sampled
+    token when it is not among them (vLLM's ``logprobs=10`` entries)."""
     finish_reason: str = "length"
     """"stop" (a stop string was generated), "eos", or "length" (max_new_tokens reached)."""
     stop_string: str | None = None

@@ -20,7 +20,7 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
-from aepo_rl.engines.sampling import check_params, sample_tokens, token_statistics
+from aepo_rl.engines.sampling import check_params, release_top10_proxy, sample_tokens, token_statistics
 from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
 
@@ -192,9 +192,10 @@ class HFEngine:
         n_generated = [0] * len(rows)
         active = list(range(len(rows)))  # batch row -> index into rows
         for step in range(max_budget):
-            logprobs, probs, entropy, top10 = token_statistics(logits)
+            logprobs, probs, entropy = token_statistics(logits)
             tokens = sample_tokens(logprobs, probs, params, self.generator)
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+            top10 = release_top10_proxy(logprobs, tokens)
             out_tokens[slots, step] = tokens
             out_stats[slots, step] = torch.stack([chosen, entropy, top10], dim=-1)
             done = (budgets[slots] == step + 1) | stops.ends(tokens)

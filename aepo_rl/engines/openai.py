@@ -10,7 +10,8 @@ What the server can give, and what this engine fills in:
   ``logprobs_mode`` is the raw, untempered distribution, as the protocol asks).
 - ``entropies``: the FULL entropy is unavailable from an API, so it is filled with the
   top-k proxy −Σ p·log p over the ``top_logprobs`` entries returned (k = 20 by default),
-  and ``top10_entropies`` with the same over the largest 10 (the release's proxy, §1.2).
+  and ``top10_entropies`` with the release's proxy (§1.2): the same over the largest 10 plus the
+  sampled token when it is not among them (what vLLM returns for ``logprobs=10``).
 - Token ids: vLLM returns them with ``return_tokens_as_token_ids`` (``"token_id:123"``). A
   server that only returns text gets its text re-encoded with the local tokenizer (then
   token-in/token-out does not hold and per-token values are NaN when the counts differ:
@@ -32,9 +33,14 @@ from aepo_rl.engines.sequences import SequenceTable
 TOKEN_ID_PREFIX = "token_id:"
 
 
-def top_k_proxy(top_logprobs: dict[str, float] | None, k: int) -> float:
-    """−Σ p·log p over the k largest returned log-probs (§1.2 release proxy)."""
-    values = sorted((top_logprobs or {}).values(), reverse=True)[:k]
+def top_k_proxy(top_logprobs: dict[str, float] | None, k: int,
+                sampled: tuple[str, float] | None = None) -> float:
+    """−Σ p·log p over the k largest returned log-probs, plus the ``sampled`` (token, log-prob)
+    when that token is not among them (the release's proxy for k = 10, §1.2)."""
+    top = sorted((top_logprobs or {}).items(), key=lambda item: item[1], reverse=True)[:k]
+    values = [value for _, value in top]
+    if sampled is not None and sampled[0] not in dict(top) and math.isfinite(sampled[1]):
+        values.append(sampled[1])
     return top_k_entropy(torch.tensor(values, dtype=torch.float64)).item()
 
 
@@ -154,7 +160,7 @@ class OpenAIEngine:
         token_logprobs = [lp if lp is not None else math.nan for lp in logprobs.get("token_logprobs") or []]
         tops = logprobs.get("top_logprobs") or [None] * len(tokens)
         proxy = [top_k_proxy(t, self.top_logprobs) for t in tops]
-        proxy10 = [top_k_proxy(t, 10) for t in tops]
+        proxy10 = [top_k_proxy(t, 10, sampled) for t, sampled in zip(tops, zip(tokens, token_logprobs))]
         if tokens and all(t.startswith(TOKEN_ID_PREFIX) for t in tokens):
             token_ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in tokens]
         else:

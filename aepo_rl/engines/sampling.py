@@ -15,17 +15,26 @@ TOP_K_PROXY = 10
 
 
 def top_k_entropy(top_logprobs: torch.Tensor) -> torch.Tensor:
-    """Release proxy (§1.2): −Σ p·log p over the given largest log-probs (last dim), not renormalised."""
+    """−Σ p·log p over the given log-probs (last dim), not renormalised (§1.2 release proxy)."""
     return -(top_logprobs.exp() * top_logprobs).sum(-1)
 
 
-def token_statistics(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Untempered log-probs and probs [B, V], full entropy H = −Σ_v p_v log p_v [B], top-10 proxy [B] (§1.2)."""
+def token_statistics(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Untempered log-probs and probs [B, V] and the full entropy H = −Σ_v p_v log p_v [B] (§1.2)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     probs = logprobs.exp()
     entropy = -(probs * logprobs.clamp(min=torch.finfo(logprobs.dtype).min)).sum(-1)  # 0·log 0 = 0
-    top = logprobs.topk(min(TOP_K_PROXY, logprobs.shape[-1]), dim=-1).values
-    return logprobs, probs, entropy, top_k_entropy(top)
+    return logprobs, probs, entropy
+
+
+def release_top10_proxy(logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The release's per-position proxy [B] (§1.2): −Σ p·log p over the entries vLLM returns with
+    ``logprobs=10``, i.e. the 10 most likely tokens plus the sampled token when it is not among them
+    (the release sums every returned entry)."""
+    top, index = logprobs.topk(min(TOP_K_PROXY, logprobs.shape[-1]), dim=-1)
+    chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    outside = (index != tokens[:, None]).all(-1)
+    return top_k_entropy(top) + torch.where(outside, -chosen.exp() * chosen, 0.0)
 
 
 def check_params(params: SamplingParams) -> None:

@@ -3,7 +3,8 @@
 Units. A step entropy is either the mean full-vocabulary token entropy in nats over the
 first ``k`` tokens of a segment (``entropy_measure="full"``, the project default, §1.2) or
 the release's proxy Σ_{t<min(k,len)} H^top10_t / ln|V| (``"top10_proxy"``, §1.2), which is
-already divided by ln|V|. The branching signal ΔH is put on the release's scale in both
+already divided by ln|V|; H^top10_t = −Σ p·log p over the 10 most likely tokens and the sampled
+token when it is outside them (``Segment.top10_entropies``, as vLLM returns them to the release). The branching signal ΔH is put on the release's scale in both
 cases: ΔH = (H_t − H_base) / ln|V| for ``full`` and ΔH = H_t − H_base for the proxy (§1.4
 "normalized(H_t − H_initial)"), so w = 0.2 means the same thing under both measures.
 """

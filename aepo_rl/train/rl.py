@@ -20,13 +20,15 @@ One RL step (:meth:`RLTrainer.step`):
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
 8. for each PPO epoch and each mini-batch of ``trainer.mini_batch_size`` prompts: forward/backward
    over micro-batches of ``trainer.micro_batch_size`` sequences (each micro-batch loss scaled by
-   its share so the accumulated gradient equals the full mini-batch's), then one AdamW step with
-   gradient clipping (§2.4).
+   its share so the accumulated gradient equals the full mini-batch's; per micro-batch as the
+   release with ``algorithm.loss_agg_scope=micro-batch``), then one AdamW step with gradient
+   clipping (§2.4).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import inspect
 import math
@@ -275,11 +277,14 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     epoch), so π_old is this very forward, detached; it and H_old are written into ``targets``
     for later PPO epochs. This saves the old-log-prob pass over those rows.
 
-    Micro-batches hold rows of similar length. Each micro-batch loss is weighted by its share of the
-    mini-batch's aggregation units (tokens for token-mean, sequences for the seq-mean modes), so the
-    accumulated gradient equals the gradient of the loss over the whole mini-batch while memory is
-    bounded by the micro-batch. Loss = policy loss (§2.3, §4) − entropy_coeff·agg(H) +
-    kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
+    Micro-batches hold rows of similar length. Each micro-batch loss is weighted by
+    ``algorithms.micro_batch_weight``: by default its share of the mini-batch's aggregation units
+    (tokens for token-mean, sequences for the seq-mean modes), so the accumulated gradient equals
+    the gradient of the loss over the whole mini-batch while memory is bounded by the micro-batch.
+    seq-mean-token-sum-norm divides by ``algorithm.loss_scale_factor`` or else
+    ``rollout.max_response_length``, a constant (Dr.GRPO, §4). Metrics are averaged with the
+    default (mini-batch) shares, which sum to 1 in either scope. Loss = policy loss (§2.3, §4) −
+    entropy_coeff·agg(H) + kl_loss_coef·agg(KL(π_θ‖π_ref)) (§2.4).
 
     Entropy-aware advantage statistics (§2.2): for the mini-batch and group scopes they are
     computed once here from the OLD policy's entropies of the whole mini-batch (the policy that
@@ -288,9 +293,10 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     forward's entropies of each micro-batch.
     """
     algo = cfg.algorithm
+    if algo.loss_scale_factor is None:
+        algo = dataclasses.replace(algo, loss_scale_factor=cfg.rollout.max_response_length)
     mask = batch.response_mask
     rows = by_length(batch, rows)
-    units = _agg_units(mask[rows], algo.loss_agg_mode).clamp(min=1)
     stats = None
     if algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0:
         stats = algorithms.entropy_stats(targets.old_entropy[rows], mask[rows], algo.entropy_adv_scope,
@@ -299,7 +305,8 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     for positions in torch.split(torch.arange(len(rows)), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
-        share = float(_agg_units(micro_mask, algo.loss_agg_mode) / units)
+        share = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode)
+        weight = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode, algo.loss_agg_scope)
         log_probs, entropy = response_logprobs(model, batch.rows(micro), bf16=cfg.trainer.bf16,
                                                entropy_grad=algo.entropy_coeff > 0, temperature=train_temperature(cfg))
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
@@ -310,13 +317,14 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             loss_agg_mode=algo.loss_agg_mode, config=algo, entropy=entropy.detach(), entropy_stats=micro_stats,
             index=batch.group_index[micro])
         if algo.entropy_coeff > 0:
-            loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode)
+            loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode,
+                                                   algo.loss_scale_factor)
         if algo.use_kl_loss:
             kl = algorithms.kl_penalty(log_probs, targets.ref_log_probs[micro], algo.kl_loss_type)
-            kl_loss = algorithms.agg_loss(kl, micro_mask, algo.loss_agg_mode)
+            kl_loss = algorithms.agg_loss(kl, micro_mask, algo.loss_agg_mode, algo.loss_scale_factor)
             loss = loss + algo.kl_loss_coef * kl_loss
             loss_metrics["actor/kl_loss"] = float(kl_loss.detach())
-        (loss * share).backward()
+        (loss * weight).backward()
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
@@ -597,10 +605,3 @@ class RLTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.load_state_dict(state["data_order"])
 
-
-def _agg_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """What a loss aggregation averages over: trained tokens (token-mean) or sequences with at least
-    one trained token (the seq-mean modes; see ``algorithms.agg_loss``)."""
-    if loss_agg_mode == "token-mean":
-        return mask.sum()
-    return (mask.sum(-1) > 0).sum().float()
