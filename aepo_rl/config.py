@@ -343,7 +343,9 @@ def validate(cfg: Config) -> Config:
                 continue
             choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
             if choices and value not in choices:
-                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
+                hint = " (or load the module that registers it: aepo --plugin MODULE)" \
+                    if isinstance(choices, registry.Registry) else ""
+                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if isinstance(value, float) and not math.isfinite(value):
                     raise ConfigError(f"{key}={value} must be a finite number")

@@ -1,19 +1,15 @@
 """One registry per extension point, and the plugins that add to them.
 
-Six kinds of entry can be added without touching the package, each with a decorator:
+Six kinds of entry can be added without touching the package, each with its decorator:
 
-================  =================================  ==============================================
-registry          decorator                          an entry is
-================  =================================  ==============================================
-POLICY_LOSSES     ``register_policy_loss``           ``fn(old_log_prob, log_prob, advantages, response_mask,
-                                                     loss_agg_mode, config, entropy, *, entropy_stats, index)``
-ADVANTAGE_        ``register_advantage_estimator``   ``fn(token_level_rewards, response_mask, index, config, **needs)``
-ESTIMATORS
-TOOLS             ``register_tool``                  a factory ``(**options) -> Tool``
-REWARDS           ``register_reward``                ``fn(response, answers, question="") -> float``
-TASKS             ``register_task``                  a factory ``(cfg: Config) -> Task``
-ENGINES           ``register_engine``                a factory ``(cfg, model, tokenizer) -> GenerationEngine``
-================  =================================  ==============================================
+- ``register_policy_loss`` → ``POLICY_LOSSES``: ``fn(old_log_prob, log_prob, advantages,
+  response_mask, loss_agg_mode, config, entropy, *, entropy_stats, index) -> (loss, metrics)``;
+- ``register_advantage_estimator`` → ``ADVANTAGE_ESTIMATORS``: ``fn(token_level_rewards,
+  response_mask, index, config, **needs) -> (advantages, returns)``;
+- ``register_tool`` → ``TOOLS``: a factory ``(**options) -> Tool``;
+- ``register_reward`` → ``REWARDS``: ``fn(response, answers, question="") -> float``;
+- ``register_task`` → ``TASKS``: a factory ``(cfg: Config) -> Task``;
+- ``register_engine`` → ``ENGINES``: a factory ``(cfg, model, tokenizer) -> GenerationEngine``.
 
 An entry declares what it needs or provides as capabilities, and the trainer asks for those
 rather than for names: ``@register_policy_loss("aepo", needs=("entropy", "entropy_stats"))``,
@@ -23,7 +19,8 @@ unknown one is an error at registration. Config fields that name an entry (``alg
 ``task.reward``, ``rollout.engine``, ...) accept exactly the registered names.
 
 The built-in entries of a registry are registered by importing its ``builtins`` module, which
-happens on the first read. This module imports nothing else, so a plugin can import it cheaply.
+happens on the first read. This module imports only the standard library, so a plugin can import it
+cheaply.
 
 Plugins: ``aepo --plugin my_pkg.my_loss --plugin ./my_task.py train ...`` imports those modules
 (and every module of the ``aepo_rl.plugins`` entry-point group) before the config is validated;
@@ -80,6 +77,8 @@ class Registry(Mapping[str, Any]):
 
     def register(self, *names: str, **capabilities: Any) -> Callable[[Any], Any]:
         """Decorator registering an entry under one or more names (an existing name is replaced)."""
+        if not names:
+            raise TypeError(f"register a {self.kind} under at least one name")
         unknown = sorted(set(capabilities) - set(self.defaults))
         if unknown:
             raise TypeError(f"{self.kind} {names[0]!r}: unknown capability {unknown}; "

@@ -158,6 +158,8 @@ def test_the_cli_accepts_plugins_before_and_after_the_subcommand(capsys):
     finally:
         del registry.POLICY_LOSSES["unclipped"], registry.ADVANTAGE_ESTIMATORS["batch_mean"]
     assert main(["config", "show", "algorithm.policy_loss=unclipped"]) == 2  # without the plugin
+    err = capsys.readouterr().err
+    assert "algorithm.policy_loss='unclipped' is not allowed" in err and "aepo --plugin MODULE" in err
 
 
 # ----------------------------------------------------------------------------------------------
