@@ -3,6 +3,10 @@
 Every command that builds a config takes ``--preset``, ``--config FILE.yaml`` and dotted
 overrides (``aepo train algorithm.clip_ratio_high=0.28 rollout.n=8``). Subcommands import
 their modules lazily so that ``aepo config show`` stays instant.
+
+``--plugin MODULE_OR_FILE.py`` (repeatable, before or after the subcommand) imports your own
+losses, estimators, tools, tasks, rewards or engines before the config is validated, as do the
+modules of the ``aepo_rl.plugins`` entry-point group (``docs/extending.md``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import sys
 
 from aepo_rl.config import PRESETS, ConfigError, load_config
+from aepo_rl.registry import PluginError, load_plugins
 
 
 def _config_args(parser: argparse.ArgumentParser, default_preset: str = "aepo") -> None:
@@ -105,21 +110,30 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+PLUGIN_HELP = ("import this module (my_pkg.my_loss) or .py file before the config is read, so the losses, "
+               "estimators, tools, tasks, rewards and engines it registers can be named; repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aepo", description=__doc__.splitlines()[0])
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+    # The same option after the subcommand; its own dest, since a subcommand's values replace the top level's.
+    plugin = argparse.ArgumentParser(add_help=False)
+    plugin.add_argument("--plugin", dest="command_plugins", action="append", default=[], metavar="MODULE",
+                        help=PLUGIN_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
+    p = sub.add_parser("train", parents=[plugin], help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
     _config_args(p)
     p.add_argument("--resume", default=None, help="continue the run in this folder from its last complete step")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sft", help="cold-start SFT on the task's teacher demonstrations")
+    p = sub.add_parser("sft", parents=[plugin], help="cold-start SFT on the task's teacher demonstrations")
     _config_args(p)
     p.add_argument("--out", default=None, help="output folder (default runs/sft-<timestamp>)")
     p.set_defaults(func=cmd_sft)
 
-    p = sub.add_parser("eval", help="pass@1 / pass@k of a model (or an OpenAI-compatible endpoint)")
+    p = sub.add_parser("eval", parents=[plugin], help="pass@1 / pass@k of a model (or an OpenAI-compatible endpoint)")
     _config_args(p)
     p.add_argument("--model", default=None, help="Hugging Face model folder")
     p.add_argument("--task", default=None, help="task name (default: config task.name)")
@@ -130,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint-model", default=None, help="model name at --endpoint")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("compare", help="several presets from one SFT checkpoint, several seeds, one table")
+    p = sub.add_parser("compare", parents=[plugin], help="several presets from one SFT checkpoint, several seeds, one table")
     _config_args(p)
     p.add_argument("--presets", default="grpo,arpo,aepo")
     p.add_argument("--seeds", type=int, default=3)
@@ -138,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("rollout", help="run one tree rollout and print each prompt's tree")
+    p = sub.add_parser("rollout", parents=[plugin], help="run one tree rollout and print each prompt's tree")
     _config_args(p)
     p.add_argument("--task", default=None, help="task name (default: config task.name, synthetic)")
     p.add_argument("--num-prompts", type=int, default=2)
@@ -146,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")
     p.set_defaults(func=cmd_rollout)
 
-    p = sub.add_parser("serve-search", help="BM25 search server speaking Search-R1's /retrieve API")
+    p = sub.add_parser("serve-search", parents=[plugin], help="BM25 search server speaking Search-R1's /retrieve API")
     p.add_argument("--corpus", default="synthetic", help="a JSONL corpus file, 'synthetic' or 'wiki'")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -154,12 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
     p.set_defaults(func=cmd_serve_search)
 
-    p = sub.add_parser("report", help="plots and tables from run folders")
+    p = sub.add_parser("report", parents=[plugin], help="plots and tables from run folders")
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default=None, help="output folder (default <first run>/plots)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("config", help="show the resolved config")
+    p = sub.add_parser("config", parents=[plugin], help="show the resolved config")
     p.add_argument("action", choices=["show"])
     _config_args(p)
     p.add_argument("--yaml", action="store_true", help="print YAML instead of a table")
@@ -176,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     try:
+        load_plugins(args.plugins + args.command_plugins)
         return int(args.func(args) or 0)
+    except PluginError as err:
+        print(f"aepo: {err}", file=sys.stderr)
+        return 2
     except ConfigError as err:
         print(f"aepo: config error: {err}", file=sys.stderr)
         return 2

@@ -20,21 +20,21 @@ from typing import Any, Callable
 
 import yaml
 
+from aepo_rl import registry
+
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key and the fix."""
 
 
-def _registered(registry: str) -> tuple[str, ...]:
-    """The names in a registry of ``aepo_rl.algorithms``, read when a config is validated, so a
-    policy loss or advantage estimator the user registered is accepted."""
-    from aepo_rl import algorithms
-
-    return tuple(sorted(getattr(algorithms, registry)))
+def _registered(name: str) -> registry.Registry:
+    """The registry ``aepo_rl.registry.<name>``, read when a config is validated, so an entry the
+    user registered (in a plugin, say) is accepted and the error for a wrong name lists them all."""
+    return getattr(registry, name)
 
 
 def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, choices: tuple | Callable[[], tuple] | None = None, factory: Any = None) -> Any:
+         le: float | None = None, choices: tuple | Callable[[], tuple | registry.Registry] | None = None, factory: Any = None) -> Any:
     """A config field with its documentation and allowed values (checked by ``validate``)."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
     if factory is not None:
@@ -65,7 +65,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.")
+    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
+                     choices=lambda: _registered("TASKS"))
     seed: int = knob(0, "Seed of the synthetic world and its questions.")
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
     num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
@@ -76,7 +77,7 @@ class TaskConfig:
     num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
-    reward: str = knob("deep_research", "Reward function (§3).", choices=("deep_research", "exact_match", "f1", "math", "llm_judge"))
+    reward: str = knob("deep_research", "Reward function (§3).", choices=lambda: _registered("REWARDS"))
     judge_url: str | None = knob(None, "OpenAI-compatible endpoint for the llm_judge reward.")
     judge_model: str = knob("Qwen2.5-72B-Instruct", "Judge model name (§3).")
     search_url: str | None = knob(None, "Search-R1 /retrieve server URL; None searches in-process.")
@@ -115,7 +116,7 @@ class RolloutConfig:
     tool_format: str = knob("xml", "Tool-call format: the release's XML tags or Hermes <tool_call>{json}</tool_call>.", choices=("xml", "hermes"))
     tool_timeout: float = knob(10.0, "Per-call tool timeout in seconds.", gt=0)
     tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
-    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=("hf", "vllm", "openai"))
+    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
     seed: int = knob(0, "Sampling seed.")
@@ -349,7 +350,9 @@ def validate(cfg: Config) -> Config:
                 continue
             choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
             if choices and value not in choices:
-                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
+                hint = " (or load the module that registers it: aepo --plugin MODULE)" \
+                    if isinstance(choices, registry.Registry) else ""
+                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if isinstance(value, float) and not math.isfinite(value):
                     raise ConfigError(f"{key}={value} must be a finite number")

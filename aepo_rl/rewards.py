@@ -1,8 +1,8 @@
 """Rewards on decoded responses (model text and the environment's result blocks), aepo-algorithm.md §3.
 
-Every named reward is a callable ``fn(response, answers, question="") -> float``; get one with
-``get_reward(name)``. ``compute_score`` is verl's entry point
-(``compute_score(data_source, solution_str, ground_truth, extra_info=None)``).
+Every named reward is a callable ``fn(response, answers, question="") -> float`` registered with
+``@register_reward(name, binary=...)``; get one with ``get_reward(name)``. ``compute_score`` is
+verl's entry point (``compute_score(data_source, solution_str, ground_truth, extra_info=None)``).
 
 The release's deep-research reward (§3)::
 
@@ -28,7 +28,9 @@ from typing import Callable
 
 import httpx
 
+from aepo_rl.config import TaskConfig
 from aepo_rl.jsonl import read_jsonl
+from aepo_rl.registry import REWARDS, register_reward
 
 Reward = Callable[..., float]
 
@@ -188,6 +190,7 @@ def is_exact_match(prediction: str | None, answers: list[str]) -> bool:
 
 # ---------------------------------------------------------------- named rewards
 
+@register_reward("deep_research")
 def deep_research_reward(response: str, answers: list[str], question: str = "") -> float:
     """The release's reward (§3): −1 on a format error, else max token-F1 (+0.1 multi-tool bonus)."""
     if format_error(response) is not None:
@@ -198,17 +201,20 @@ def deep_research_reward(response: str, answers: list[str], question: str = "") 
     return f1
 
 
+@register_reward("f1")
 def f1_reward(response: str, answers: list[str], question: str = "") -> float:
     r"""Max token-F1 of the ``\boxed{}`` answer over the gold answers (0 when there is none)."""
     prediction = extract_answer(response)
     return 0.0 if prediction is None else max_f1(prediction, answers)
 
 
+@register_reward("exact_match", binary=True)
 def exact_match_reward(response: str, answers: list[str], question: str = "") -> float:
     r"""1 if the normalized ``\boxed{}`` answer equals a normalized gold answer, else 0."""
     return float(is_exact_match(extract_answer(response), answers))
 
 
+@register_reward("math", binary=True)
 def math_reward(response: str, answers: list[str], question: str = "") -> float:
     r"""1 if the ``\boxed{}`` answer is mathematically equivalent to a gold answer (math-verify)."""
     from math_verify import parse, verify
@@ -240,6 +246,7 @@ Predicted answer: {prediction}
 Reply with one word: Correct or Incorrect."""
 
 
+@register_reward("llm_judge", binary=True, needs=("judge",))
 class LLMJudge:
     """An LLM judge through any OpenAI-compatible ``/chat/completions`` endpoint (§3 evaluation).
 
@@ -297,29 +304,24 @@ def parse_verdict(text: str) -> float:
     return 1.0 if words and words[0] == "correct" else 0.0
 
 
-_JUDGES: dict[tuple[str, str], LLMJudge] = {}
-_REWARDS: dict[str, Reward] = {
-    "deep_research": deep_research_reward,
-    "f1": f1_reward,
-    "exact_match": exact_match_reward,
-    "math": math_reward,
-}
+_JUDGES: dict[tuple[str, str, str], Reward] = {}
 
 
-def get_reward(name: str, *, judge_url: str | None = None, judge_model: str = "Qwen2.5-72B-Instruct",
+def get_reward(name: str, *, judge_url: str | None = None, judge_model: str = TaskConfig.judge_model,
                **judge_options) -> Reward:
-    """A reward by name: deep_research, f1, exact_match, math, or llm_judge (needs ``judge_url``)."""
-    if name == "llm_judge":
-        if not judge_url:
-            raise ValueError("reward 'llm_judge' needs task.judge_url (an OpenAI-compatible endpoint)")
-        if judge_options:
-            return LLMJudge(judge_url, judge_model, **judge_options)
-        if (judge_url, judge_model) not in _JUDGES:  # one judge (and cache) per endpoint and model
-            _JUDGES[(judge_url, judge_model)] = LLMJudge(judge_url, judge_model)
-        return _JUDGES[(judge_url, judge_model)]
-    if name not in _REWARDS:
-        raise KeyError(f"unknown reward '{name}'; rewards: {sorted([*_REWARDS, 'llm_judge'])}")
-    return _REWARDS[name]
+    """The reward registered as ``name`` (:data:`aepo_rl.registry.REWARDS`): deep_research, f1,
+    exact_match, math, llm_judge or one of yours. A reward that needs a judge (llm_judge) is built
+    for ``judge_url`` and ``judge_model``, once per endpoint and model unless ``judge_options`` are given."""
+    reward = REWARDS.lookup(name)
+    if not REWARDS.needs(name, "judge"):
+        return reward
+    if not judge_url:
+        raise ValueError(f"reward '{name}' needs task.judge_url (an OpenAI-compatible endpoint)")
+    if judge_options:
+        return reward(judge_url, judge_model, **judge_options)
+    if (name, judge_url, judge_model) not in _JUDGES:  # one judge (and cache) per endpoint and model
+        _JUDGES[(name, judge_url, judge_model)] = reward(judge_url, judge_model)
+    return _JUDGES[(name, judge_url, judge_model)]
 
 
 def gold_answers(ground_truth) -> list[str]:
@@ -341,5 +343,5 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info:
     extra_info = extra_info or {}
     name = extra_info.get("reward") or default_reward(data_source)
     reward = get_reward(name, judge_url=extra_info.get("judge_url"),
-                        judge_model=extra_info.get("judge_model", "Qwen2.5-72B-Instruct"))
+                        judge_model=extra_info.get("judge_model", TaskConfig.judge_model))
     return float(reward(solution_str, gold_answers(ground_truth), extra_info.get("question", "")))

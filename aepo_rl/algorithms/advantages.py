@@ -13,11 +13,8 @@ from typing import Hashable, Sequence
 import torch
 
 from ..config import AlgorithmConfig
-from .registry import Registry
+from ..registry import ADVANTAGE_ESTIMATORS, register_advantage_estimator
 from .tensors import check_tensors, group_ids, group_mean_std, masked_whiten
-
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
-register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 
 # ε in (R − mean) / (std + ε) (§2.1, as verl).
 GROUP_STD_EPS = 1e-6
@@ -97,7 +94,7 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return returns
 
 
-@register_advantage_estimator("reinforce_plus_plus")
+@register_advantage_estimator("reinforce_plus_plus", needs=("kl",))
 def reinforce_plus_plus_advantage(token_level_rewards, response_mask, index=None, config=None, *,
                                   kl: torch.Tensor | None = None, **kw):
     """REINFORCE++ (§4): token rewards r_t − β·KL_t (β = ``kl_coef``, only when
@@ -126,7 +123,7 @@ def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, i
     return adv, adv
 
 
-@register_advantage_estimator("gigpo")
+@register_advantage_estimator("gigpo", needs=("anchor_keys",))
 def gigpo_advantage(token_level_rewards, response_mask, index, config=None, *,
                     anchor_keys: torch.Tensor | None = None, **kw):
     """GiGPO (§4): A = A_episode + ω·A_step, ω = ``gigpo_step_weight``.

@@ -11,13 +11,10 @@ from __future__ import annotations
 import torch
 
 from ..config import AlgorithmConfig
+from ..registry import POLICY_LOSSES, register_policy_loss
 from . import entropy_adv
 from .aggregation import agg_loss
-from .registry import Registry
 from .tensors import check_tensors, masked_mean
-
-POLICY_LOSSES = Registry("policy loss")
-register_policy_loss = POLICY_LOSSES.register
 
 # log(π/π_old) is clamped to ±20 before exp, as verl does, so r never overflows.
 LOG_RATIO_CLAMP = 20.0
@@ -141,7 +138,7 @@ def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: fl
     return entropy.detach() >= threshold
 
 
-@register_policy_loss("aepo")
+@register_policy_loss("aepo", needs=("entropy", "entropy_stats"))
 def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                      config=None, entropy=None, *, entropy_stats=None, index=None):
     """AEPO entropy-balanced policy optimization (§2.2 + §2.3).

@@ -1,12 +1,14 @@
-"""Generation engines behind one protocol (:mod:`aepo_rl.engines.base`)."""
+"""Generation engines behind one protocol (:mod:`aepo_rl.engines.base`), registered by name with
+``@register_engine(name, shares_weights=..., entropies=...)`` on a factory ``(cfg, model, tokenizer) -> engine``."""
 
 from __future__ import annotations
 
 import os
 
 from aepo_rl.engines.base import GenerationEngine, SamplingParams, Segment
+from aepo_rl.registry import ENGINES, register_engine
 
-__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine"]
+__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "register_engine"]
 
 VLLM_HOWTO = (
     "rollout.engine=vllm: vLLM is used through its OpenAI-compatible server. Serve the policy with "
@@ -18,22 +20,36 @@ VLLM_HOWTO = (
 
 
 def build_engine(cfg, model, tokenizer) -> GenerationEngine:
-    """The engine that ``cfg.rollout.engine`` names: hf (shares ``model``), openai (a server), vllm (how-to)."""
+    """The engine registered as ``cfg.rollout.engine`` (:data:`aepo_rl.registry.ENGINES`): hf (shares
+    ``model``), openai (a server), vllm (how-to) or one of yours."""
+    return ENGINES.lookup(cfg.rollout.engine)(cfg, model, tokenizer)
+
+
+@register_engine("hf", shares_weights=True, entropies=("full", "top10_proxy"))
+def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
+    """The built-in KV-cache decoder over the trainer's own ``model``."""
+    from aepo_rl.engines.hf import HFEngine
+
+    return HFEngine(model, tokenizer, seed=cfg.rollout.seed)
+
+
+@register_engine("openai", entropies=("top10_proxy",))
+def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
+    """An OpenAI-compatible server at ``rollout.engine_url`` serving ``rollout.engine_model`` (or
+    ``model.path``); its ``entropies`` are a top-k proxy, not the full entropy."""
+    from aepo_rl.engines.openai import OpenAIEngine
+
     rollout = cfg.rollout
-    if rollout.engine == "hf":
-        from aepo_rl.engines.hf import HFEngine
+    if not rollout.engine_url:
+        raise ValueError("rollout.engine=openai needs rollout.engine_url (e.g. http://127.0.0.1:8000/v1)")
+    served = rollout.engine_model or cfg.model.path
+    if not served:
+        raise ValueError("rollout.engine=openai needs rollout.engine_model (or model.path): the served model name")
+    return OpenAIEngine(rollout.engine_url, served, tokenizer, api_key=os.environ.get("OPENAI_API_KEY"),
+                        seed=rollout.seed)
 
-        return HFEngine(model, tokenizer, seed=rollout.seed)
-    if rollout.engine == "openai":
-        from aepo_rl.engines.openai import OpenAIEngine
 
-        if not rollout.engine_url:
-            raise ValueError("rollout.engine=openai needs rollout.engine_url (e.g. http://127.0.0.1:8000/v1)")
-        served = rollout.engine_model or cfg.model.path
-        if not served:
-            raise ValueError("rollout.engine=openai needs rollout.engine_model (or model.path): the served model name")
-        return OpenAIEngine(rollout.engine_url, served, tokenizer, api_key=os.environ.get("OPENAI_API_KEY"),
-                            seed=rollout.seed)
-    if rollout.engine == "vllm":
-        raise ValueError(VLLM_HOWTO)
-    raise ValueError(f"rollout.engine: unknown engine {rollout.engine!r} (hf, openai or vllm)")
+@register_engine("vllm")
+def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
+    """Not an engine of its own: raises the how-to of serving vLLM for ``rollout.engine=openai``."""
+    raise ValueError(VLLM_HOWTO)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aepo_rl.config import TaskConfig
 from aepo_rl.jsonl import JsonlError, read_jsonl
+from aepo_rl.registry import REWARDS
 from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
@@ -165,8 +166,9 @@ class FileTask:
         return self._reward(response_text, example.answers, example.question)
 
     def correct(self, example: Example, response_text: str) -> bool:
-        """Binary rewards (math, exact_match, llm_judge) decide; for F1-style rewards, exact match."""
-        if self.reward_name in ("math", "exact_match", "llm_judge"):
+        """A binary reward (math, exact_match, llm_judge: registered with ``binary=True``) decides; for
+        F1-style rewards, exact match."""
+        if REWARDS.capabilities(self.reward_name)["binary"]:
             return self.reward(example, response_text) >= 1.0
         return is_exact_match(extract_answer(response_text), example.answers)
 

@@ -2,12 +2,17 @@
 
 A tool turns the body of a tool tag (``<search>query</search>``) into result text. ``run``
 never raises: failures come back as text, so the rollout continues (aepo-algorithm.md §1.1).
-Users add tools with ``@register_tool("name")``.
+Users add tools with ``@register_tool("name")`` on a factory ``(**options) -> Tool`` (an entry of
+:data:`aepo_rl.registry.TOOLS`); ``get_tool(name, **options)`` builds one.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from aepo_rl.registry import TOOLS, register_tool
+
+__all__ = ["Tool", "argument_error", "get_tool", "register_tool"]
 
 
 @runtime_checkable
@@ -23,26 +28,9 @@ class Tool(Protocol):
         """Execute the call; never raises (errors come back as text)."""
 
 
-_REGISTRY: dict[str, Callable[..., Tool]] = {}
-
-
-def register_tool(name: str) -> Callable[[Callable[..., Tool]], Callable[..., Tool]]:
-    """Class decorator: ``@register_tool("calculator")`` makes ``get_tool("calculator")`` work."""
-
-    def wrap(factory: Callable[..., Tool]) -> Callable[..., Tool]:
-        _REGISTRY[name] = factory
-        return factory
-
-    return wrap
-
-
 def get_tool(name: str, **options) -> Tool:
-    """Build a registered tool with its options."""
-    import aepo_rl.tools  # noqa: F401  (registers the built-in tools)
-
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown tool '{name}'; registered tools: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**options)
+    """Build a registered tool with its options (UnknownNameError, a KeyError, listing the tools otherwise)."""
+    return TOOLS.lookup(name)(**options)
 
 
 def argument_error(arg: object, max_chars: int) -> str | None:

@@ -33,6 +33,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from aepo_rl import registry
 from aepo_rl.config import Config, ConfigError, from_dict, to_dict, to_yaml
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.tasks.base import Task
@@ -158,9 +159,10 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     from aepo_rl.rollout import tree
     from aepo_rl.train.rl import RLTrainer
 
-    if cfg.rollout.engine != "hf":
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs rollout.engine=hf, "
-                          "whose engine shares the policy's weights (a server would keep sampling the old policy)")
+    if not registry.ENGINES.capabilities(cfg.rollout.engine)["shares_weights"]:
+        sharing = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]]
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
+                          f"the policy's weights (a server would keep sampling the old policy): one of {sharing}")
     run_dir = Path(run_dir)
     checkpoint_dir = run_dir / "checkpoints"
     ckpt.remove_partial_checkpoints(checkpoint_dir)

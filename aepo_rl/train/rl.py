@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import math
 import time
 import warnings
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aepo_rl import algorithms
+from aepo_rl import algorithms, registry
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
@@ -298,7 +297,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     mask = batch.response_mask
     rows = by_length(batch, rows)
     stats = None
-    if algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0:
+    if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats") and algo.entropy_adv_coef > 0:
         stats = algorithms.entropy_stats(targets.old_entropy[rows], mask[rows], algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
@@ -314,7 +313,9 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             targets.old_log_probs[micro], targets.old_entropy[micro] = log_probs.detach(), entropy.detach()
         loss, loss_metrics = policy_loss(
             targets.old_log_probs[micro], log_probs, targets.advantages[micro], micro_mask,
-            loss_agg_mode=algo.loss_agg_mode, config=algo, entropy=entropy.detach(), entropy_stats=micro_stats,
+            loss_agg_mode=algo.loss_agg_mode, config=algo,
+            entropy=entropy.detach() if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy") else None,
+            entropy_stats=micro_stats,
             index=batch.group_index[micro])
         if algo.entropy_coeff > 0:
             loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode,
@@ -472,9 +473,11 @@ class RLTrainer:
         # only approximates them, and with tempered log-probs H_old is the tempered entropy, so then
         # the old-log-prob pass covers every row.
         temperature = train_temperature(cfg)
-        engine_has_old_entropy = getattr(self.engine, "model", None) is self.model and temperature == 1
-        needs_old_entropy = (algo.policy_loss == "aepo" and algo.entropy_adv_coef > 0
-                             and algo.entropy_adv_scope != "micro-batch" and not engine_has_old_entropy)
+        engine = registry.ENGINES.capabilities(cfg.rollout.engine)
+        engine_has_old_entropy = engine["shares_weights"] and "full" in engine["entropies"] and temperature == 1
+        needs_old_entropy = (registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats")
+                             and algo.entropy_adv_coef > 0 and algo.entropy_adv_scope != "micro-batch"
+                             and not engine_has_old_entropy)
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
         if reuse_first:
@@ -505,13 +508,13 @@ class RLTrainer:
             # the token rewards here (verl's apply_kl_penalty).
             kl = algorithms.kl_penalty(old_log_probs, ref_log_probs, "k1") * mask
             metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, mask.bool()))
-            if "kl" in inspect.signature(self.advantage_estimator).parameters:
+            if registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "kl"):
                 extra["kl"] = kl
             else:
                 token_rewards = token_rewards - algo.kl_coef * kl
 
         # Advantages (§2.1, §4), index = the prompt group of each row.
-        if algo.adv_estimator == "gigpo":
+        if registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "anchor_keys"):
             extra["anchor_keys"] = anchor_keys(trajectories, group_index, mask.shape[1])
         advantages, _returns = self.advantage_estimator(token_rewards, mask, batch.group_index, config=algo, **extra)
 

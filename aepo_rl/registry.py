@@ -1,0 +1,235 @@
+"""One registry per extension point, and the plugins that add to them.
+
+Six kinds of entry can be added without touching the package, each with its decorator:
+
+- ``register_policy_loss`` → ``POLICY_LOSSES``: ``fn(old_log_prob, log_prob, advantages,
+  response_mask, loss_agg_mode, config, entropy, *, entropy_stats, index) -> (loss, metrics)``;
+- ``register_advantage_estimator`` → ``ADVANTAGE_ESTIMATORS``: ``fn(token_level_rewards,
+  response_mask, index, config, **needs) -> (advantages, returns)``;
+- ``register_tool`` → ``TOOLS``: a factory ``(**options) -> Tool``;
+- ``register_reward`` → ``REWARDS``: ``fn(response, answers, question="") -> float``;
+- ``register_task`` → ``TASKS``: a factory ``(cfg: Config) -> Task``;
+- ``register_engine`` → ``ENGINES``: a factory ``(cfg, model, tokenizer) -> GenerationEngine``.
+
+An entry declares what it needs or provides as capabilities, and the trainer asks for those
+rather than for names: ``@register_policy_loss("aepo", needs=("entropy", "entropy_stats"))``,
+``@register_reward("math", binary=True)``, ``@register_engine("hf", shares_weights=True)``. Each
+registry states the capabilities it knows (``Registry.defaults``, ``Registry.vocabulary``); an
+unknown one is an error at registration. Config fields that name an entry (``algorithm.policy_loss``,
+``task.reward``, ``rollout.engine``, ...) accept exactly the registered names.
+
+The built-in entries of a registry are registered by importing its ``builtins`` module, which
+happens on the first read. This module imports only the standard library, so a plugin can import it
+cheaply.
+
+Plugins: ``aepo --plugin my_pkg.my_loss --plugin ./my_task.py train ...`` imports those modules
+(and every module of the ``aepo_rl.plugins`` entry-point group) before the config is validated;
+:func:`load_plugins` does the same from Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+ENTRY_POINT_GROUP = "aepo_rl.plugins"
+
+
+class UnknownNameError(KeyError, ValueError):
+    """A name that is not registered; the message lists the registered names."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class PluginError(ImportError):
+    """A plugin module could not be imported; the message names the plugin and where it failed."""
+
+
+class Registry(Mapping[str, Any]):
+    """Name → entry of one extension point; each entry carries the capabilities it declared.
+
+    A name ``family:<arg>`` (e.g. ``reasoning_gym:<generator>``) is a pattern: it matches every
+    name ``family:...``. Iteration is in sorted order.
+    """
+
+    def __init__(self, kind: str, builtins: str, *, vocabulary: tuple[str, ...] = (), **defaults: Any):
+        self.kind = kind
+        """What an entry is, for messages ("policy loss")."""
+        self.builtins = builtins
+        """Module whose import registers the built-in entries."""
+        self.vocabulary = vocabulary
+        """The values ``needs`` may hold: inputs the caller knows how to provide."""
+        self.defaults = {"needs": (), **defaults}
+        """Every capability an entry may declare, with the value of an entry that declares nothing."""
+        self._entries: dict[str, Any] = {}
+        self._capabilities: dict[str, Mapping[str, Any]] = {}
+        self._loaded = False
+
+    # -- registration ---------------------------------------------------------------------------
+
+    def register(self, *names: str, **capabilities: Any) -> Callable[[Any], Any]:
+        """Decorator registering an entry under one or more names (an existing name is replaced)."""
+        if not names:
+            raise TypeError(f"register a {self.kind} under at least one name")
+        unknown = sorted(set(capabilities) - set(self.defaults))
+        if unknown:
+            raise TypeError(f"{self.kind} {names[0]!r}: unknown capability {unknown}; "
+                            f"a {self.kind} declares {sorted(self.defaults)}")
+        needs = tuple(capabilities.get("needs", ()))
+        if isinstance(capabilities.get("needs"), str) or not set(needs) <= set(self.vocabulary):
+            raise TypeError(f"{self.kind} {names[0]!r}: needs={capabilities['needs']!r}; a {self.kind} may need "
+                            f"a tuple of {list(self.vocabulary)}")
+        declared = types.MappingProxyType({**self.defaults, **capabilities, "needs": needs})
+
+        def wrap(entry: Any) -> Any:
+            for name in names:
+                self._entries[name] = entry
+                self._capabilities[name] = declared
+            return entry
+
+        return wrap
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name], self._capabilities[name]
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def lookup(self, name: str) -> Any:
+        """The entry registered as ``name`` (UnknownNameError listing the valid names otherwise)."""
+        return self._entries[self._key(name)]
+
+    def capabilities(self, name: str) -> Mapping[str, Any]:
+        """What the entry ``name`` declared, every capability of ``defaults`` filled in."""
+        return self._capabilities[self._key(name)]
+
+    def needs(self, name: str, what: str) -> bool:
+        """Whether the entry ``name`` declared ``what`` in its ``needs``."""
+        return what in self.capabilities(name)["needs"]
+
+    def _key(self, name: str) -> str:
+        self._load()
+        if name in self._entries:
+            return name
+        family = name.split(":", 1)[0] + ":<"
+        if ":" in name:
+            for key in self._entries:
+                if key.startswith(family) and key.endswith(">"):
+                    return key
+        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid names: {', '.join(self)}")
+
+    def _load(self) -> None:
+        if not self._loaded:
+            importlib.import_module(self.builtins)
+            self._loaded = True
+
+    # -- Mapping --------------------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.lookup(name)
+        except UnknownNameError as err:
+            raise KeyError(name) from err
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self._key(name)  # type: ignore[arg-type]
+        except UnknownNameError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {list(self)})"
+
+
+POLICY_LOSSES = Registry("policy loss", "aepo_rl.algorithms.losses", vocabulary=("entropy", "entropy_stats"))
+"""needs: ``entropy`` = the current policy's token entropies H (``entropy=``; None otherwise);
+``entropy_stats`` = (mean, std) of H_old over the ``algorithm.entropy_adv_scope`` (§2.2), passed as
+``entropy_stats=`` when ``algorithm.entropy_adv_coef`` > 0."""
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "aepo_rl.algorithms.advantages",
+                                vocabulary=("anchor_keys", "kl"))
+"""needs: ``anchor_keys`` = [B, R] GiGPO state of each token (§4); ``kl`` = the per-token KL to the
+reference with ``algorithm.use_kl_in_reward``, which the estimator applies itself (for the others
+the trainer subtracts ``kl_coef``·KL from the token rewards)."""
+
+TOOLS = Registry("tool", "aepo_rl.tools")
+"""Factories ``(**options) -> Tool``; no capabilities."""
+
+REWARDS = Registry("reward", "aepo_rl.rewards", vocabulary=("judge",), binary=False)
+"""binary: the reward is 1 exactly when the answer is right, so ``correct`` (pass@k) reads it;
+needs ``judge``: the entry is a factory ``(judge_url, judge_model, **options) -> reward``."""
+
+TASKS = Registry("task", "aepo_rl.tasks")
+"""Factories ``(cfg: Config) -> Task``; no capabilities."""
+
+ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, entropies=())
+"""shares_weights: the engine generates with the trainer's own model object, so it samples the
+current policy with no weight sync and its recorded log-probs and entropies are the policy's (the
+built-in trainer needs this); entropies: the per-token entropy measures it records exactly,
+``full`` (full-vocabulary, §1.2) and/or ``top10_proxy`` (the release's, §1.2)."""
+
+register_policy_loss = POLICY_LOSSES.register
+register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
+register_tool = TOOLS.register
+register_reward = REWARDS.register
+register_task = TASKS.register
+register_engine = ENGINES.register
+
+
+# ----------------------------------------------------------------------------------------------
+# Plugins
+
+
+def load_plugin(spec: str) -> types.ModuleType:
+    """Import one plugin: a module name (``my_pkg.my_loss``) or the path of a ``.py`` file.
+
+    Importing it runs its ``@register_...`` decorators. PluginError names the plugin, the error
+    and the line it came from when the import fails.
+    """
+    try:
+        if spec.endswith(".py"):
+            path = Path(spec).expanduser().resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"no such file {path}")
+            name = f"aepo_rl_plugin_{path.stem}"
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module  # dataclasses and pickling look the module up by name
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
+        return importlib.import_module(spec)
+    except Exception as err:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        hint = "" if spec.endswith(".py") or not isinstance(err, ModuleNotFoundError) else \
+            " (a module must be importable: installed, or on PYTHONPATH; or pass the path of its .py file)"
+        raise PluginError(f"plugin '{spec}' failed to import: {type(err).__name__}: {err}{where}{hint}") from err
+
+
+def load_plugins(specs: list[str] | tuple[str, ...] = (), *, entry_points: bool = True) -> list[types.ModuleType]:
+    """Import every module of the ``aepo_rl.plugins`` entry-point group (when ``entry_points``), then ``specs``."""
+    modules = []
+    if entry_points:
+        for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            modules.append(load_plugin(point.value.split(":", 1)[0]))
+    return modules + [load_plugin(spec) for spec in specs]
