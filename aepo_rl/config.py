@@ -423,14 +423,38 @@ def from_dict(data: dict[str, Any]) -> Config:
     return validate(cfg)
 
 
-def describe(cfg: Config) -> list[tuple[str, Any, str]]:
-    """(key, value, documentation) for every field, for `aepo config show`."""
+@dataclass(frozen=True)
+class FieldInfo:
+    """One config field as documented: dotted key, declared type, current value, doc and limits."""
+
+    key: str
+    type: str
+    value: Any
+    doc: str
+    choices: tuple | None
+    ge: float | None
+    gt: float | None
+    le: float | None
+
+
+def fields_info(cfg: Config) -> list[FieldInfo]:
+    """Every field of ``cfg`` (top-level scalars, then each section's fields) with its metadata."""
     rows = []
     for section in dataclasses.fields(cfg):
         obj = getattr(cfg, section.name)
-        if not dataclasses.is_dataclass(obj):
-            rows.append((section.name, obj, section.metadata.get("doc", "")))
-            continue
-        for f in dataclasses.fields(obj):
-            rows.append((f"{section.name}.{f.name}", getattr(obj, f.name), f.metadata.get("doc", "")))
+        if dataclasses.is_dataclass(obj):
+            entries = [(f"{section.name}.{f.name}", f, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+        else:
+            entries = [(section.name, section, obj)]
+        for key, f, value in entries:
+            meta = f.metadata
+            choices = meta.get("choices")
+            rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
+                                  tuple(choices() if callable(choices) else choices) if choices else None,
+                                  meta.get("ge"), meta.get("gt"), meta.get("le")))
     return rows
+
+
+def describe(cfg: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, documentation) for every field, for `aepo config show`."""
+    return [(row.key, row.value, row.doc) for row in fields_info(cfg)]
