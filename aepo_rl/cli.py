@@ -97,6 +97,14 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from aepo_rl.config import describe, to_yaml
 
+    if args.action == "docs":
+        from aepo_rl.config_docs import reference_markdown, write_page
+
+        if args.write:
+            print(f"{args.write}: {'updated' if write_page(args.write) else 'up to date'}")
+        else:
+            print(reference_markdown(), end="")
+        return 0
     cfg = _config(args)
     if args.yaml:
         print(to_yaml(cfg), end="")
@@ -173,10 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default <first run>/plots)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("config", parents=[plugin], help="show the resolved config")
-    p.add_argument("action", choices=["show"])
+    p = sub.add_parser("config", parents=[plugin],
+                       help="show the resolved config, or print the Markdown reference of every key")
+    p.add_argument("action", choices=["show", "docs"], help="show: the resolved config; docs: the reference of the defaults")
     _config_args(p)
-    p.add_argument("--yaml", action="store_true", help="print YAML instead of a table")
+    p.add_argument("--yaml", action="store_true", help="show: print YAML instead of a table")
+    p.add_argument("--write", default=None, metavar="PAGE.md",
+                   help="docs: replace the generated part of this page (docs/configuration.md) instead of printing")
     p.set_defaults(func=cmd_config)
     return parser
 

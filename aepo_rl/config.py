@@ -47,16 +47,16 @@ class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
     dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
     tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
-    tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 suffice for copying and double the speed of 4).", ge=1)
+    tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 here, see docs/results.md).", ge=1)
     tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)
     tiny_num_heads: int = knob(4, "Tiny model: attention heads.", ge=1)
     tiny_num_kv_heads: int = knob(4, "Tiny model: key/value heads (GQA).", ge=1)
     tiny_head_dim: int = knob(64, "Tiny model: head dimension.", ge=4)
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
-    tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random sequences, which "
-                                      "stops once it copies 90% of tokens (748 to 3546 steps over six seeds); part of the "
-                                      "cached build (stands in for pretraining; 0 skips it).", ge=0)
+    tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random token sequences, which "
+                                      "stops once the model copies 90% of the repeated tokens; part of the cached build "
+                                      "(stands in for pretraining; 0 skips it; 4000 here, see docs/results.md).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
     lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -71,9 +71,9 @@ class TaskConfig:
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
     num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
     num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
-    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 keeps the default CPU job within reach of the tiny model).", ge=1, le=3)
+    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see docs/results.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.4, "Synthetic: share of teacher demonstrations with a deliberate error (§5 cold start headroom; at 0.2 the evaluation's temperature 0.6 hides most imitated errors and RL has little to correct).", ge=0, le=1)
+    teacher_error_rate: float = knob(0.4, "Synthetic: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.4 here, see docs/results.md).", ge=0, le=1)
     num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
@@ -103,12 +103,12 @@ class RolloutConfig:
     entropy_measure: str = knob("full", "Step entropy: mean full-vocabulary entropy (default) or the release's top-10 proxy sum / ln|V| (§1.2).", choices=("full", "top10_proxy"))
     entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy (default) or the release's slot-keyed, never-reset one (§1.4).", choices=("lineage", "slot_persistent"))
     entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
-    restarts: bool = knob(True, "Start a fresh trajectory when a prompt has none active and fewer than n (§1.5).")
-    temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release 1.0). 0.9 for the tiny model: "
-                                   "its diffuse SFT policy breaks the format at 1.0 and RL then gains little on some seeds (README, Status).", gt=0)
+    restarts: bool = knob(True, "Start a fresh trajectory, one at a time, when a prompt has none active and fewer than n (§1.5); false starts all missing ones at once.")
+    temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release: 1.0; 0.9 here for the tiny "
+                                   "model, see docs/results.md).", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
     top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
-    max_prompt_length: int = knob(256, "Longest prompt in tokens.", ge=1)
+    max_prompt_length: int = knob(256, "Longest prompt in tokens; a longer one is rejected with an error naming the prompt.", ge=1)
     max_response_length: int = knob(256, "Response budget: model + tool tokens (§1.1; release 6192).", ge=1)
     max_tokens_per_round: int = knob(128, "Most tokens the model generates in one round.", ge=1)
     max_tool_response_tokens: int = knob(96, "Tool results are truncated to this many tokens.", ge=1)
@@ -119,7 +119,7 @@ class RolloutConfig:
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
-    seed: int = knob(0, "Sampling seed.")
+    seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
 
 
 @dataclass
@@ -162,9 +162,9 @@ class AlgorithmConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = knob(12, "Cold-start SFT epochs (§5; release 3; the tiny model needs more steps: 12 × 2048 demonstrations ≈ 3.0M tokens ≈ 3 min on 2 CPU cores; RL then ends higher than after 8 on four of five seeds).", ge=0)
-    lr: float = knob(3e-3, "Peak learning rate (release 7e-6 for 14B models; the tiny model learns faster at 3e-3 than 1e-3).", gt=0)
-    batch_size: int = knob(32, "Sequences per optimizer step (32: a copy learned at batch 8 stays noisy).", ge=1)
+    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for the tiny model, see docs/results.md).", ge=0)
+    lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 here for the tiny model, see docs/results.md).", gt=0)
+    batch_size: int = knob(32, "Sequences per optimizer step (32 here for the tiny model, see docs/results.md).", ge=1)
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
     max_length: int = knob(512, "Demonstrations are truncated to this many tokens.", ge=8)
@@ -433,14 +433,38 @@ def from_dict(data: dict[str, Any]) -> Config:
     return validate(cfg)
 
 
-def describe(cfg: Config) -> list[tuple[str, Any, str]]:
-    """(key, value, documentation) for every field, for `aepo config show`."""
+@dataclass(frozen=True)
+class FieldInfo:
+    """One config field as documented: dotted key, declared type, current value, doc and limits."""
+
+    key: str
+    type: str
+    value: Any
+    doc: str
+    choices: tuple | None
+    ge: float | None
+    gt: float | None
+    le: float | None
+
+
+def fields_info(cfg: Config) -> list[FieldInfo]:
+    """Every field of ``cfg`` (top-level scalars, then each section's fields) with its metadata."""
     rows = []
     for section in dataclasses.fields(cfg):
         obj = getattr(cfg, section.name)
-        if not dataclasses.is_dataclass(obj):
-            rows.append((section.name, obj, section.metadata.get("doc", "")))
-            continue
-        for f in dataclasses.fields(obj):
-            rows.append((f"{section.name}.{f.name}", getattr(obj, f.name), f.metadata.get("doc", "")))
+        if dataclasses.is_dataclass(obj):
+            entries = [(f"{section.name}.{f.name}", f, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+        else:
+            entries = [(section.name, section, obj)]
+        for key, f, value in entries:
+            meta = f.metadata
+            choices = meta.get("choices")
+            rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
+                                  tuple(choices() if callable(choices) else choices) if choices else None,
+                                  meta.get("ge"), meta.get("gt"), meta.get("le")))
     return rows
+
+
+def describe(cfg: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, documentation) for every field, for `aepo config show`."""
+    return [(row.key, row.value, row.doc) for row in fields_info(cfg)]

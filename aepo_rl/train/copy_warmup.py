@@ -2,14 +2,11 @@
 
 A pretrained LLM arrives at SFT able to copy a name from its context (induction heads); a
 randomly initialised tiny model does not, and the task's demonstrations hold too few copies
-for it to learn within the CPU budget (teacher-forced query-token accuracy on held-out names
-stays near chance after 512 SFT steps). Sequences ``x x`` of random non-special tokens, with
+for it to learn within the CPU budget. Sequences ``x x`` of random non-special tokens, with
 the next-token loss on every position, make the copy circuit form in a phase change (as for
-induction heads in small transformers) after 748 to 3546 steps at batch 32 over six
-initialisations (measured); the skill then carries over to copying entity names and values in the task.
-Faster-forming settings transferred worse (measured, task and init seed 0): AdamW 6e-3 formed it
-after 889 steps instead of 1533, but the SFT model then scored test pass@1 0.136 instead of 0.492
-(both after 8 SFT epochs).
+induction heads in small transformers) whose step varies with the initialisation; the skill then
+carries over to copying entity names and values in the task. Measurements (steps per seed,
+transfer, settings that form it faster but transfer worse) are in docs/results.md.
 Part of the cached tiny-model build (§5's pipeline starts from a pretrained model; this stands
 in for pretraining).
 """
