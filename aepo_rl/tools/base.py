@@ -2,7 +2,8 @@
 
 A tool turns the body of a tool tag (``<search>query</search>``) into result text. ``run``
 never raises: failures come back as text, so the rollout continues (aepo-algorithm.md §1.1).
-Users add tools with ``@register_tool("name")``.
+Users add tools with ``@register_tool("name")``; ``aepo_rl.protocol`` then prompts, parses and
+checks its calls.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import Callable, Protocol, runtime_checkable
 
 @runtime_checkable
 class Tool(Protocol):
+    """A tool. Two optional attributes shape its line of the system prompt, ``<tag>argument</tag> usage``
+    (``aepo_rl.protocol``): ``argument``, the name of the call's one argument, also its key in a
+    Hermes call (default ``"input"``); ``usage``, what a call does (default: ``description``
+    without its final period). Search declares ``"query"`` / ``"searches"``."""
+
     name: str
     """Registry name, also the Hermes function name."""
     tag: str
@@ -38,11 +44,17 @@ def register_tool(name: str) -> Callable[[Callable[..., Tool]], Callable[..., To
 
 def get_tool(name: str, **options) -> Tool:
     """Build a registered tool with its options."""
+    return tool_factory(name)(**options)
+
+
+def tool_factory(name: str) -> Callable[..., Tool]:
+    """The registered factory of tool ``name`` (usually its class, whose attributes describe the
+    tool for the system prompt without building it)."""
     import aepo_rl.tools  # noqa: F401  (registers the built-in tools)
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown tool '{name}'; registered tools: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**options)
+    return _REGISTRY[name]
 
 
 def argument_error(arg: object, max_chars: int) -> str | None:
