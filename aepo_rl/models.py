@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aepo_rl.protocol import token_tags
+
 if TYPE_CHECKING:
     from aepo_rl.config import Config, ModelConfig
     from aepo_rl.tasks.base import Task
 
-TOOL_TAGS = ["<search>", "</search>", "<python>", "</python>", "<result>", "</result>",
-             "<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>",
-             "<tool_response>", "</tool_response>"]
-"""The trajectory protocol's tags (§1.1 and Hermes); each becomes one token of the tiny model."""
+TOOL_TAGS = token_tags()
+"""The protocol's built-in tags (§1.1 and Hermes), in a fixed order; each becomes one token of the tiny model."""
 
 CHATML_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML_TEMPLATE = (

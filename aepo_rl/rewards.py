@@ -10,9 +10,11 @@ The release's deep-research reward (§3)::
           = f1 + 0.1  if f1 > 0 and both </search> and </python> were used
           = f1        otherwise,    f1 = max over gold answers of token-F1(boxed answer, gold)
 
-Both tool-call formats of the rollout are understood: the release's XML tags answered by
-``<result>`` blocks, and Hermes ``<tool_call>{"name": …}</tool_call>`` answered by
-``<tool_response>`` blocks (``rollout.tool_format=hermes``).
+The format check, the tools used and the model's own text come from ``aepo_rl.protocol``, which
+reads both tool-call formats of the rollout from the text alone: the release's XML tags answered
+by ``<result>`` blocks (any tool's tag, not only search and python), and Hermes
+``<tool_call>{"name": …}</tool_call>`` answered by ``<tool_response>`` blocks
+(``rollout.tool_format=hermes``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import httpx
 
 from aepo_rl.config import TaskConfig
 from aepo_rl.jsonl import read_jsonl
+from aepo_rl.protocol import answer_block, format_error, last_boxed, model_text, tools_used
 from aepo_rl.registry import REWARDS, register_reward
 
 Reward = Callable[..., float]
@@ -37,119 +40,15 @@ Reward = Callable[..., float]
 MULTI_TOOL_BONUS = 0.1  # §3: added when f1 > 0 and both search and python were used
 FORMAT_PENALTY = -1.0  # §3: any format violation
 _YES_NO = {"yes", "no", "noanswer"}
-_XML_TAGS = ("think", "search", "python", "result", "answer")
-_TAG = re.compile(rf"</?({'|'.join(_XML_TAGS)})>")
-_TAG_HERMES = re.compile(rf"</?({'|'.join(_XML_TAGS + ('tool_call', 'tool_response'))})>")
-_RESULT_BLOCK = re.compile(r"<(result|tool_response)>.*?</\1>", re.S)
-_RESULT_OF_CALL = {"<search>": "<result>", "<python>": "<result>", "<tool_call>": "<tool_response>"}
-"""The block the environment answers each call with (XML release format; Hermes)."""
 
 
 # ---------------------------------------------------------------- answer extraction
-
-def last_boxed(text: str) -> str | None:
-    r"""Content of the last ``\boxed{...}`` in ``text`` (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
-def answer_block(text: str) -> str | None:
-    """Body of the last ``<answer>…</answer>`` block, or None."""
-    blocks = re.findall(r"<answer>(.*?)</answer>", text, re.S)
-    return blocks[-1] if blocks else None
-
 
 def extract_answer(text: str) -> str | None:
     r"""The final answer: the ``\boxed{}`` inside the answer block (or anywhere when there is none)."""
     text = model_text(text)
     block = answer_block(text)
     return last_boxed(block if block is not None else text)
-
-
-def model_text(text: str) -> str:
-    """The response without the environment's ``<result>`` / ``<tool_response>`` blocks."""
-    return _RESULT_BLOCK.sub("", text)
-
-
-def answered_in_hermes(text: str) -> bool:
-    """The environment answered a call with a ``<tool_response>`` block (``rollout.tool_format=hermes``);
-    only then do Hermes tags count, elsewhere ``<tool_call>`` is plain text as in the release."""
-    return "<tool_response>" in text
-
-
-def tools_used(text: str) -> set[str]:
-    """Names of the tools the model called: XML ``<search>``/``<python>`` tags and, in a Hermes
-    response, the ``name`` of each ``<tool_call>`` whose body is a JSON object."""
-    own = model_text(text)
-    used = {tag for tag in ("search", "python") if f"</{tag}>" in own}
-    if not answered_in_hermes(text):
-        return used
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", own, re.S):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            used.add(call["name"])
-    return used
-
-
-# ---------------------------------------------------------------- format (§3)
-
-def format_error(text: str) -> str | None:
-    """Why the response breaks the §3 format, or None when it is well formed.
-
-    Rules: balanced ``<think>`` tags; every ``<search>``/``<python>`` followed, in order, by its
-    closing tag and a ``<result>…</result>`` block (a Hermes ``<tool_call>``: by ``</tool_call>``
-    and a ``<tool_response>…</tool_response>`` block); exactly one ``<answer>`` block holding a
-    ``\\boxed{}``. Tags inside a call, an answer or a result block are not checked. Hermes tags
-    count only in a response the environment answered with ``<tool_response>`` blocks; elsewhere
-    ``<tool_call>`` is plain text, as in the release's check.
-    """
-    tags = _TAG_HERMES if answered_in_hermes(text) else _TAG
-    answers, think_depth, pos = 0, 0, 0
-    while (m := tags.search(text, pos)) is not None:
-        tag, pos = m.group(0), m.end()
-        if tag == "<think>":
-            think_depth += 1
-        elif tag == "</think>":
-            think_depth -= 1
-            if think_depth < 0:
-                return "</think> without <think>"
-        elif tag in ("<search>", "<python>", "<tool_call>", "<answer>"):
-            close = tag.replace("<", "</")
-            end = text.find(close, pos)  # the body (code, query, answer) is not parsed for tags
-            if end < 0:
-                return f"missing {close}"
-            pos = end + len(close)
-            if tag == "<answer>":
-                answers += 1
-                continue
-            result = _RESULT_OF_CALL[tag]
-            following = tags.search(text, pos)
-            if following is None or following.group(0) != result:
-                return f"expected {result} after {close} but found {following.group(0) if following else 'nothing'}"
-            closing = result.replace("<", "</")
-            end = text.find(closing, following.end())
-            if end < 0:
-                return f"unclosed {result} block"
-            pos = end + len(closing)
-        else:
-            return f"unexpected {tag}"
-    if think_depth != 0:
-        return "unbalanced <think> tags"
-    if answers != 1:
-        return f"{answers} <answer> blocks (exactly one required)"
-    if last_boxed(answer_block(model_text(text)) or "") is None:
-        return "no \\boxed{} in the answer"
-    return None
 
 
 # ---------------------------------------------------------------- token F1 and exact match

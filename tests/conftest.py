@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-TOOL_TAGS = ["<search>", "</search>", "<python>", "</python>", "<result>", "</result>",
-             "<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
+from aepo_rl.protocol import token_tags
+
 
 _SAMPLE_TEXT = (
     "<think>I need to find who founded Velmora.</think> <search>Velmora founder</search>"
@@ -28,7 +28,7 @@ def build_tiny_tokenizer(vocab_size: int = 400):
     tok.train_from_iterator([_SAMPLE_TEXT] * 20, trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                  bos_token=None, unk_token=None)
-    hf.add_tokens(TOOL_TAGS)
+    hf.add_tokens(token_tags())
     hf.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -22,7 +22,7 @@ from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
 from aepo_rl.train.rl import RLTrainer
 from conftest import build_tiny_model
-from test_tree import FakeEngine
+from fakes import FakeEngine
 
 PLUGINS = Path(__file__).resolve().parents[1] / "examples" / "plugins"
 EXAMPLES = {"my_loss": ("POLICY_LOSSES", "unclipped"), "my_estimator": ("ADVANTAGE_ESTIMATORS", "batch_mean"),
@@ -35,11 +35,20 @@ TINY = {"rollout.n": 2, "trainer.batch_size": 2, "trainer.mini_batch_size": 1, "
 
 @pytest.fixture
 def plugins():
-    """Every example plugin, loaded as `aepo --plugin <file>` loads it; unregistered afterwards."""
+    """Every example plugin, loaded as `aepo --plugin <file>` loads it; afterwards each registry holds
+    what it held before (another test module may have registered an entry of the same name)."""
+    before = {}
+    for registry_name, name in EXAMPLES.values():
+        reg = getattr(registry, registry_name)
+        reg.lookup(next(iter(reg)))  # loads the built-in entries first
+        before[registry_name, name] = (reg._entries.get(name), reg._capabilities.get(name))
     modules = {path.stem: load_plugin(str(path)) for path in sorted(PLUGINS.glob("*.py"))}
     yield modules
-    for registry_name, name in EXAMPLES.values():
-        del getattr(registry, registry_name)[name]
+    for (registry_name, name), (entry, capabilities) in before.items():
+        reg = getattr(registry, registry_name)
+        del reg[name]
+        if entry is not None:
+            reg._entries[name], reg._capabilities[name] = entry, capabilities
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Parsing tool calls in both formats and the result wrapping (§1.1)."""
+"""The rollout side of the protocol: stop strings, parsing calls in both formats, the result wrapping (§1.1)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from aepo_rl.rollout.tool_calls import parse_tool_call, result_wrapping, stop_strings
+from aepo_rl.protocol import Protocol
 
 
 @dataclass
@@ -20,34 +20,35 @@ class Named:
 
 
 TOOLS = {"search": Named("search", "search"), "python": Named("python", "python")}
+XML, HERMES = Protocol(TOOLS, "xml"), Protocol(TOOLS, "hermes")
 
 
 def test_stop_strings():
-    assert stop_strings("xml", TOOLS) == ("</search>", "</python>", "</answer>")
-    assert stop_strings("hermes", TOOLS) == ("</tool_call>", "</answer>")
+    assert XML.stop_strings() == ("</search>", "</python>", "</answer>")
+    assert HERMES.stop_strings() == ("</tool_call>", "</answer>")
     with pytest.raises(ValueError, match="tool_format"):
-        stop_strings("json", TOOLS)
+        Protocol(TOOLS, "json")
 
 
 def test_xml_takes_the_last_tag_body():
     text = "<think>hm</think> <search>old</search> then <search>  Velmora founder \n</search>"
-    req = parse_tool_call(text, "</search>", "xml", TOOLS)
+    req = XML.parse_call(text, "</search>")
     assert (req.key, req.name, req.arg, req.error) == ("search", "search", "Velmora founder", None)
-    code = parse_tool_call("<python>print(1)\nprint(2)</python>", "</python>", "xml", TOOLS)
+    code = XML.parse_call("<python>print(1)\nprint(2)</python>", "</python>")
     assert code.arg == "print(1)\nprint(2)"
 
 
 @pytest.mark.parametrize("text", ["<search></search>", "<search>  \n </search>", "no opener</search>"])
 def test_xml_empty_or_orphan_close_is_empty(text):
-    assert parse_tool_call(text, "</search>", "xml", TOOLS) is None
+    assert XML.parse_call(text, "</search>") is None
 
 
 def test_hermes_valid_calls():
-    req = parse_tool_call('x <tool_call>{"name": "search", "arguments": {"query": "capital of Oz"}}</tool_call>',
-                          "</tool_call>", "hermes", TOOLS)
+    req = HERMES.parse_call('x <tool_call>{"name": "search", "arguments": {"query": "capital of Oz"}}</tool_call>',
+                            "</tool_call>")
     assert (req.key, req.name, req.arg, req.error) == ("search", "search", "capital of Oz", None)
     text = '<tool_call>{"name": "python", "arguments": "print(2)"}</tool_call>'
-    req = parse_tool_call(text, "</tool_call>", "hermes", TOOLS)
+    req = HERMES.parse_call(text, "</tool_call>")
     assert (req.key, req.arg) == ("python", "print(2)")
 
 
@@ -58,19 +59,19 @@ def test_hermes_valid_calls():
     ('{"name": "search", "arguments": {"query": "a", "k": 3}}', "Error: tool 'search' takes exactly one argument."),
 ])
 def test_hermes_garbage_becomes_an_error_result(body, message):
-    req = parse_tool_call(f"<tool_call>{body}</tool_call>", "</tool_call>", "hermes", TOOLS)
+    req = HERMES.parse_call(f"<tool_call>{body}</tool_call>", "</tool_call>")
     assert req.error.startswith(message)
 
 
 @pytest.mark.parametrize("text", ["<tool_call> </tool_call>", "</tool_call>",
                                   '<tool_call>{"name": "search", "arguments": {"query": " "}}</tool_call>'])
 def test_hermes_empty_is_empty(text):
-    assert parse_tool_call(text, "</tool_call>", "hermes", TOOLS) is None
+    assert HERMES.parse_call(text, "</tool_call>") is None
 
 
 def test_result_wrapping(tiny_tokenizer):
-    assert result_wrapping("xml", tiny_tokenizer) == (" <result>\n", "\n</result>")
-    prefix, suffix = result_wrapping("hermes", tiny_tokenizer)  # the tiny tokenizer speaks ChatML
+    assert XML.result_wrapping(tiny_tokenizer) == (" <result>\n", "\n</result>")
+    prefix, suffix = HERMES.result_wrapping(tiny_tokenizer)  # the tiny tokenizer speaks ChatML
     assert prefix == "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
     assert suffix == "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
@@ -78,4 +79,4 @@ def test_result_wrapping(tiny_tokenizer):
         def get_vocab(self):
             return {"a": 0}
 
-    assert result_wrapping("hermes", Plain()) == ("\n<tool_response>\n", "\n</tool_response>\n")
+    assert HERMES.result_wrapping(Plain()) == ("\n<tool_response>\n", "\n</tool_response>\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from aepo_rl.rollout.tool_calls import ToolCallRequest
+from aepo_rl.protocol import ToolCallRequest
 from aepo_rl.tools.base import Tool
 
 

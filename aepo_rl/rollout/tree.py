@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
+from aepo_rl.protocol import ANSWER_CLOSE, Protocol
 from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
 from aepo_rl.rollout.metrics import rollout_metrics
-from aepo_rl.rollout.tool_calls import ANSWER_CLOSE, parse_tool_call, result_wrapping, stop_strings
 from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tools.base import Tool
@@ -86,7 +86,8 @@ class _TreeRollout:
         self.engine, self.tools, self.cfg, self.params, self.rng = engine, tools, cfg, params, rng
         self.tok = engine.tokenizer
         self.runner = ToolRunner(tools, cfg.tool_workers, cfg.tool_timeout)
-        prefix, suffix = result_wrapping(cfg.tool_format, self.tok)
+        self.protocol = Protocol(tools, cfg.tool_format)
+        prefix, suffix = self.protocol.result_wrapping(self.tok)
         self.result_prefix, self.result_suffix = self._encode(prefix), self._encode(suffix)
         self.consecutive_max = 0
 
@@ -142,7 +143,7 @@ class _TreeRollout:
                 self._finish(x, "answer")
             elif seg.finish_reason == "stop":
                 text = self.tok.decode(seg.token_ids, skip_special_tokens=False)
-                request = parse_tool_call(text, seg.stop_string, cfg.tool_format, self.tools)
+                request = self.protocol.parse_call(text, seg.stop_string)
                 if request is None:
                     self._finish(x, "empty_call")
                 elif len(traj.response_token_ids) >= budget:  # no room left for the result
@@ -277,7 +278,7 @@ class _TreeRollout:
 
 def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
               sampling: SamplingParams | None) -> SamplingParams:
-    stops = stop_strings(cfg.tool_format, tools)
+    stops = Protocol(tools, cfg.tool_format).stop_strings()
     if sampling is None:
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=validation)
     return dataclasses.replace(sampling, stop=tuple(dict.fromkeys(tuple(sampling.stop) + stops)))

@@ -5,17 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aepo_rl.config import Config, TaskConfig
+from aepo_rl.protocol import Protocol
 from aepo_rl.tasks.base import Example
-from aepo_rl.tools.base import Tool, get_tool
-
-_TOOL_LINES = {"search": "<search>query</search> searches", "python": "<python>code</python> runs Python"}
+from aepo_rl.tools.base import Tool, get_tool, tool_factory
 
 
-def system_prompt(tools: tuple[str, ...] = ("search", "python")) -> str:
-    """The short system message describing the tag protocol for the given tools (§1.1)."""
-    uses = ", ".join(_TOOL_LINES[t] for t in tools)
-    return (f"Use tools to answer. {uses}; results come in <result></result>. "
-            "Think in <think></think> if needed. Answer as <answer>\\boxed{answer}</answer>.")
+def system_prompt(tools: tuple[str | Tool, ...] = ("search", "python"), fmt: str = "xml") -> str:
+    """The short system message describing the protocol (§1.1) for ``tools`` (registered tool names,
+    or tools or their classes) in format ``fmt`` ("xml" | "hermes"); see :class:`Protocol`."""
+    specs = [tool_factory(t) if isinstance(t, str) else t for t in tools]
+    for tool, spec in zip(tools, specs):
+        if not all(hasattr(spec, field) for field in ("name", "tag", "description")):
+            raise TypeError(f"tool {tool!r} has no name, tag and description to describe it in the system prompt: "
+                            "register a class that declares them, or pass the tool itself")
+    return Protocol({spec.tag: spec for spec in specs}, fmt).system_prompt()
 
 
 SYSTEM_PROMPT = system_prompt()
@@ -31,11 +34,6 @@ def split_examples(task_name: str, splits: dict[str, list[Example]], split: str)
     if split not in splits:
         raise KeyError(f"task '{task_name}' has no split '{split}'; splits: {list(splits)}")
     return splits[split]
-
-
-def format_result(output: str) -> str:
-    """A tool result block exactly as the rollout appends it after the closing tag (§1.1)."""
-    return f" <result>\n{output}\n</result>"
 
 
 SANDBOX_TIMEOUT_SHARE = 0.8

@@ -9,7 +9,8 @@ generator's own answer checker, in [0, 1], on the ``\\boxed{}`` answer.
 from __future__ import annotations
 
 from aepo_rl.config import TaskConfig
-from aepo_rl.rewards import FORMAT_PENALTY, extract_answer, format_error
+from aepo_rl.protocol import format_error
+from aepo_rl.rewards import FORMAT_PENALTY, extract_answer
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
 from aepo_rl.tools.base import Tool

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.protocol import Protocol
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, format_result, split_examples
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -368,16 +369,18 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
     as in running text (``<search> Vela Korr</search>``, ``\\boxed{ 1874}``), so copying it from
     the question or a result is the same tokens (the search and the answer check strip it).
     """
+    protocol = Protocol(tools)
     pieces: list[tuple[str, bool]] = []
     answer = solution.answer
     calls = [("search", q) for q in solution.queries] + ([("python", solution.python)] if solution.python else [])
     for tag, arg in calls:
-        pieces.append((f"{' ' if pieces else ''}<{tag}>{' ' if tag == 'search' else ''}{arg}</{tag}>", True))
+        call = protocol.format_call(tag, f" {arg}" if tag == "search" else arg)
+        pieces.append((f"{' ' if pieces else ''}{call}", True))
         output = tools[tag].run(arg)
-        pieces.append((format_result(output), False))
+        pieces.append((protocol.format_result(output), False))
         if tag == "python":
             answer = output.strip()
-    pieces.append((f"{' ' if pieces else ''}<answer>\\boxed{{ {answer}}}</answer>", True))
+    pieces.append((f"{' ' if pieces else ''}{protocol.format_answer(f' {answer}')}", True))
     return pieces
 
 

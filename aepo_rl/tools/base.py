@@ -3,7 +3,8 @@
 A tool turns the body of a tool tag (``<search>query</search>``) into result text. ``run``
 never raises: failures come back as text, so the rollout continues (aepo-algorithm.md §1.1).
 Users add tools with ``@register_tool("name")`` on a factory ``(**options) -> Tool`` (an entry of
-:data:`aepo_rl.registry.TOOLS`); ``get_tool(name, **options)`` builds one.
+:data:`aepo_rl.registry.TOOLS`); ``get_tool(name, **options)`` builds one, and ``aepo_rl.protocol``
+prompts, parses and checks its calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ __all__ = ["Tool", "argument_error", "get_tool", "register_tool"]
 
 @runtime_checkable
 class Tool(Protocol):
+    """A tool. Two optional attributes shape its line of the system prompt, ``<tag>argument</tag> usage``
+    (``aepo_rl.protocol``): ``argument``, the name of the call's one argument, also its key in a
+    Hermes call (default ``"input"``); ``usage``, what a call does (default: ``description``
+    without its final period). Search declares ``"query"`` / ``"searches"``."""
+
     name: str
     """Registry name, also the Hermes function name."""
     tag: str
@@ -30,7 +36,13 @@ class Tool(Protocol):
 
 def get_tool(name: str, **options) -> Tool:
     """Build a registered tool with its options (UnknownNameError, a KeyError, listing the tools otherwise)."""
-    return TOOLS.lookup(name)(**options)
+    return tool_factory(name)(**options)
+
+
+def tool_factory(name: str) -> Callable[..., Tool]:
+    """The registered factory of tool ``name`` (usually its class, whose attributes describe the
+    tool for the system prompt without building it)."""
+    return TOOLS.lookup(name)
 
 
 def argument_error(arg: object, max_chars: int) -> str | None:

@@ -89,6 +89,8 @@ class PythonSandbox:
 
     name = "python"
     tag = "python"
+    argument = "code"
+    usage = "runs Python"
     description = "Run Python code in a sandbox; prints its output and the value of a final expression."
 
     def __init__(self, timeout: float = 8.0, cpu_seconds: int | None = None, memory_mb: int = 512,

@@ -181,6 +181,8 @@ class SearchTool:
 
     name = "search"
     tag = "search"
+    argument = "query"
+    usage = "searches"
     description = "Search the knowledge corpus; returns the top pages for a query."
 
     def __init__(self, corpus: str | Path | list[dict] | None = None, url: str | None = None, topk: int = 3,

@@ -12,10 +12,11 @@ and scores with ``task.reward`` (e.g. the numeric_match reward of my_reward.py):
 
 import random
 
+from aepo_rl.protocol import Protocol
 from aepo_rl.registry import register_task
 from aepo_rl.rewards import get_reward
 from aepo_rl.tasks import Demonstration, Example
-from aepo_rl.tasks.common import format_result
+from aepo_rl.tasks.common import chat_messages
 from aepo_rl.tools import get_tool
 
 WORDS = "the a quick brown fox jumps over lazy dog river stone light small old green house".split()
@@ -32,8 +33,8 @@ class WordCountTask:
         sizes = {"train": cfg.task.num_train, "dev": cfg.task.num_dev, "test": cfg.task.num_test}
         self.tool = get_tool("wordcount")
         self._reward = get_reward(cfg.task.reward)
-        self.system = (f"Use tools to answer. {self.tool.description}; results come in <result></result>. "
-                       "Answer as <answer>\\boxed{answer}</answer>.")
+        self.protocol = Protocol(self.tools())  # the system prompt, call and result text of the XML protocol
+        self.system = self.protocol.system_prompt()
         self.splits = {split: [self._example(f"{split}-{i}", rng) for i in range(size)]
                        for split, size in sizes.items()}
 
@@ -41,7 +42,7 @@ class WordCountTask:
         sentence = " ".join(rng.choices(WORDS, k=rng.randint(3, 12)))
         question = f"How many words are in: {sentence}"
         return Example(id=id, question=question, answers=[str(len(sentence.split()))], data_source="wordcount",
-                       messages=[{"role": "system", "content": self.system}, {"role": "user", "content": question}],
+                       messages=chat_messages(question, self.system),
                        extra_info={"sentence": sentence})
 
     def examples(self, split):
@@ -62,9 +63,9 @@ class WordCountTask:
         for example in self.splits["train"]:
             sentence = example.extra_info["sentence"]
             count = self.tool.run(sentence)
-            demos.append(Demonstration(example, [(f"<wordcount>{sentence}</wordcount>", True),
-                                                 (format_result(count), False),
-                                                 (f" <answer>\\boxed{{{count}}}</answer>", True)]))
+            demos.append(Demonstration(example, [(self.protocol.format_call("wordcount", sentence), True),
+                                                 (self.protocol.format_result(count), False),
+                                                 (" " + self.protocol.format_answer(count), True)]))
         return demos
 
     def texts(self):
