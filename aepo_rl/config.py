@@ -1,7 +1,7 @@
 """Typed configuration: the single source of truth for every knob.
 
 Each section is a dataclass; every field carries its documentation (paper default and the
-section of ``shared/design/aepo-algorithm.md`` it comes from, "§x.y") and its allowed range
+section of ``docs/algorithm.md`` it comes from, "§x.y") and its allowed range
 in the field's metadata, via :func:`knob`. A ``Config`` is built from a preset, then a YAML
 file, then dotted command-line overrides (``algorithm.clip_ratio_high=0.28 rollout.n=8``).
 Unknown keys and out-of-range values fail with a message naming the key and the fix.
@@ -220,7 +220,7 @@ class Config:
 
 
 # Presets: dotted overrides on top of the defaults (the defaults are the `aepo` preset,
-# the paper's intent). Each names the section of aepo-algorithm.md it follows.
+# the paper's intent). Each names the section of docs/algorithm.md it follows.
 PRESETS: dict[str, dict[str, Any]] = {
     "aepo": {},
     # §1.3-§1.4 and §2.2-§2.4 (release): fixed m, release formulas and quirks, entropy-aware

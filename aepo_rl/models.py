@@ -1,4 +1,4 @@
-"""Policy models: load, build, save, LoRA, and prompt encoding (aepo-algorithm.md §5).
+"""Policy models: load, build, save, LoRA, and prompt encoding (docs/algorithm.md §5).
 
 Three sources, chosen by ``cfg.model.path``:
 

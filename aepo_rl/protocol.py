@@ -1,4 +1,4 @@
-"""The agent protocol (aepo-algorithm.md §1.1, §3): how calls, results and answers are written.
+"""The agent protocol (docs/algorithm.md §1.1, §3): how calls, results and answers are written.
 
 One module for both sides of a trajectory. The rollout side is :class:`Protocol`, built from
 the tools in use and a format; it gives the system-prompt line of each tool, the stop strings,

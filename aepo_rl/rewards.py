@@ -1,4 +1,4 @@
-"""Rewards on decoded responses (model text and the environment's result blocks), aepo-algorithm.md §3.
+"""Rewards on decoded responses (model text and the environment's result blocks), docs/algorithm.md §3.
 
 Every named reward is a callable ``fn(response, answers, question="") -> float`` registered with
 ``@register_reward(name, binary=...)``; get one with ``get_reward(name)``. ``compute_score`` is

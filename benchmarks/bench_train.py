@@ -1,4 +1,4 @@
-"""Training throughput of the RL update step vs a bare forward+backward+AdamW loop (issue 5, speed).
+"""Training throughput of the RL update step vs a bare forward+backward+AdamW loop (target: ratio ≥ 0.8).
 
 Both sides train the same tiny default model (``model.tiny_*``) on the same rollout batch:
 ``trainer.batch_size`` prompts × ``rollout.n`` trajectories with ~PROMPT_LEN prompt tokens and

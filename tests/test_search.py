@@ -264,7 +264,7 @@ def test_wiki_corpus_and_its_missing_package_error(tmp_path, monkeypatch):
 
 
 def test_synthetic_teacher_queries_recall_at_5_on_dev(tmp_path):
-    """The hop queries the teacher issues (entity names) find that entity's page (issue 4)."""
+    """The hop queries the teacher issues (entity names) find that entity's page: recall@5 ≥ 0.95."""
     from aepo_rl.config import TaskConfig
     from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask
 

@@ -4,7 +4,7 @@ The tree controller (``aepo_rl.rollout``) only talks to this protocol, so a scri
 engine can stand in for a model in tests. A sequence is created from prompt token ids, grows
 by generated segments and by appended tool-result tokens, and can be forked: the child
 shares the parent's whole context (an engine reuses the parent's KV cache rather than
-prefilling it again; aepo-algorithm.md §1.5).
+prefilling it again; docs/algorithm.md §1.5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step entropy, entropy pre-monitoring and the branch probability (aepo-algorithm.md §1.2-§1.4).
+"""Step entropy, entropy pre-monitoring and the branch probability (docs/algorithm.md §1.2-§1.4).
 
 Units. A step entropy is either the mean full-vocabulary token entropy in nats over the
 first ``k`` tokens of a segment (``entropy_measure="full"``, the project default, §1.2) or

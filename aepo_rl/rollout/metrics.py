@@ -1,4 +1,4 @@
-"""Rollout metrics under verl / aepo-algorithm.md §7 names."""
+"""Rollout metrics under verl / docs/algorithm.md §7 names."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ class Trajectory:
         return [r.step_entropy for r in self.rounds]
 
     def to_json(self) -> dict:
-        """The rollouts.jsonl record (issue 3's field list, plus rounds)."""
+        """The rollouts.jsonl record: the fields above (rounds included), num_tool_calls, step_entropies."""
         out = asdict(self)
         out["num_tool_calls"] = self.num_tool_calls
         out["step_entropies"] = self.step_entropies

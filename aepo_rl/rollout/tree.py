@@ -1,4 +1,4 @@
-"""The tree rollout controller (aepo-algorithm.md §1): global samples, tool rounds, forks, restarts.
+"""The tree rollout controller (docs/algorithm.md §1): global samples, tool rounds, forks, restarts.
 
 Every round is one ``engine.generate`` call over every active sequence of every prompt.
 After a round's tool results are appended, each trajectory that made a call may fork

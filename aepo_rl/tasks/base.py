@@ -2,7 +2,7 @@
 
 A task hands the trainer chat-formatted prompts (``Example.messages``), the tools its agent
 may call, and a verl-style reward; the synthetic task also hands cold-start SFT its teacher
-demonstrations (aepo-algorithm.md §5).
+demonstrations (docs/algorithm.md §5).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from aepo_rl.tools.base import Tool
 
 @dataclass
 class Example:
-    """One question, in verl's RL data schema (architecture.md Contracts)."""
+    """One question, in verl's RL data schema (docs/architecture.md, Contracts)."""
 
     id: str
     question: str

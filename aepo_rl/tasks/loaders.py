@@ -2,7 +2,7 @@
 
 Two row layouts are accepted, detected per row:
 
-- verl's RL schema (architecture.md Contracts): ``data_source``, ``prompt`` (list of
+- verl's RL schema (docs/architecture.md, Contracts): ``data_source``, ``prompt`` (list of
   {role, content}), ``ability``, ``reward_model`` = {style, ground_truth}, ``extra_info``;
 - evaluation rows: ``question`` and ``answer`` (a string or a list of strings).
 

@@ -1,7 +1,7 @@
 """Tool protocol and registry.
 
 A tool turns the body of a tool tag (``<search>query</search>``) into result text. ``run``
-never raises: failures come back as text, so the rollout continues (aepo-algorithm.md §1.1).
+never raises: failures come back as text, so the rollout continues (docs/algorithm.md §1.1).
 Users add tools with ``@register_tool("name")`` on a factory ``(**options) -> Tool`` (an entry of
 :data:`aepo_rl.registry.TOOLS`); ``get_tool(name, **options)`` builds one, and ``aepo_rl.protocol``
 prompts, parses and checks its calls.

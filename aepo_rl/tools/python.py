@@ -3,7 +3,7 @@
 Each call runs ``python -I -u`` in a fresh process group, in a new empty temporary directory
 (removed afterwards), with a minimal environment, rlimits on CPU seconds, address space, file
 size and processes, a wall-clock timeout that kills the whole group, and output read up to a
-cap. As in the release (aepo-algorithm.md §1.1), a final expression statement is printed.
+cap. As in the release (docs/algorithm.md §1.1), a final expression statement is printed.
 
 Isolation is probed once and the strongest working mode is used (``tool.isolation``):
 

@@ -2,7 +2,7 @@
 
 The index (``bm25s`` with the PyStemmer English stemmer and English stop words) is built once
 and cached under ``<cache_dir>/search/<corpus-sha256>/``. Results are formatted as the
-release does (aepo-algorithm.md §1.1): one ``Page i: title — text`` line per hit, each text
+release does (docs/algorithm.md §1.1): one ``Page i: title — text`` line per hit, each text
 capped to ``max_chars`` characters. Any Search-R1 compatible server works (ours from
 ``aepo serve-search``, Search-R1's, verl's): ``POST /retrieve {"queries", "topk",
 "return_scores"}`` → ``{"result": [[{"document": {"id", "contents": "Title\\ntext"}, "score"}]]}``.

@@ -1,6 +1,6 @@
 """The main job, ``aepo train``: task → tiny model → cold-start SFT → eval → RL → eval → plots (§5).
 
-A run lives in ``runs/<run_name>/`` (architecture.md, run directory contract)::
+A run lives in ``runs/<run_name>/`` (docs/architecture.md, Contracts: run folder)::
 
     config.yaml              the fully resolved config (``aepo_rl.config.from_dict`` reads it back)
     metrics.jsonl            one JSON object per RL step, verl metric names (§7), with "step"

@@ -1,4 +1,4 @@
-"""The RL loop, readable top to bottom (aepo-algorithm.md §2, §2.4, §4, §5).
+"""The RL loop, readable top to bottom (docs/algorithm.md §2, §2.4, §4, §5).
 
 One RL step (:meth:`RLTrainer.step`):
 

@@ -1,4 +1,4 @@
-"""Cold-start SFT on the task's teacher demonstrations (aepo-algorithm.md §5).
+"""Cold-start SFT on the task's teacher demonstrations (docs/algorithm.md §5).
 
 A demonstration is the prompt followed by pieces of text in order: the teacher's own writing
 (trained) and the tool results the environment inserted (not trained). Each piece is

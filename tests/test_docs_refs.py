@@ -1,0 +1,130 @@
+"""Cross-references resolve: every § points at a section of docs/algorithm.md, no text cites a
+document outside the repository or an issue number, and relative Markdown links reach files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ALGORITHM = ROOT / "docs" / "algorithm.md"
+TEXT_SUFFIXES = {".py", ".md", ".txt", ".yaml", ".yml", ".toml", ".cfg", ".json", ".jsonl", ".sh"}
+
+SECTION_REF = re.compile(r"§\s?(\d+(?:\.\d+)*)")
+HEADING = re.compile(r"^#{2,6}\s+(.*)$", re.M)
+NUMBERED = re.compile(r"(\d+(?:\.\d+)*)\.?\s+\S")
+# The old design document's file name, spelled in two pieces so this file does not contain it.
+OUTSIDE_DOCUMENT = "aepo-" + "algorithm.md"
+ISSUE_REF = re.compile(r"\bissues?\s*#?\s*\d+", re.I)
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+MD_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def scanned_files() -> list[Path]:
+    """Code, tests, benchmarks, the README and the docs pages: every place a reader meets a reference."""
+    files = [ROOT / "README.md"] if (ROOT / "README.md").exists() else []
+    files += sorted((ROOT / "docs").glob("*.md"))
+    for folder in ("aepo_rl", "tests", "benchmarks"):
+        files += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+                        and "__pycache__" not in p.parts)
+    return files
+
+
+def markdown_files() -> list[Path]:
+    return ([ROOT / "README.md"] if (ROOT / "README.md").exists() else []) + sorted((ROOT / "docs").glob("*.md"))
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def where(path: Path, text: str, pos: int) -> str:
+    return f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, pos) + 1}"
+
+
+def algorithm_sections(text: str) -> list[str]:
+    """The numbers of the numbered headings of docs/algorithm.md ("1", "1.2", ...)."""
+    return [m.group(1) for m in (NUMBERED.match(h) for h in HEADING.findall(text)) if m]
+
+
+def test_algorithm_document_has_numbered_unique_headings():
+    assert ALGORITHM.exists(), "docs/algorithm.md is missing: every § in the code points at it"
+    text = read(ALGORITHM)
+    headings = HEADING.findall(text)
+    unnumbered = [h for h in headings if not NUMBERED.match(h)]
+    assert not unnumbered, f"docs/algorithm.md: headings without a section number: {unnumbered}"
+    sections = algorithm_sections(text)
+    duplicates = sorted({s for s in sections if sections.count(s) > 1})
+    assert not duplicates, f"docs/algorithm.md: section numbers used twice: {duplicates}"
+    # Sections 1 to 7 keep the numbering the code has cited from the start.
+    for number in ("1", "1.1", "1.2", "1.3", "1.4", "1.5", "2", "2.1", "2.2", "2.3", "2.4", "3", "4", "5", "6", "7"):
+        assert number in sections, f"docs/algorithm.md has no section {number}"
+
+
+def test_every_section_reference_exists_in_the_algorithm_document():
+    assert ALGORITHM.exists(), "docs/algorithm.md is missing: every § in the code points at it"
+    sections = set(algorithm_sections(read(ALGORITHM)))
+    dangling = []
+    for path in scanned_files():
+        text = read(path)
+        for m in SECTION_REF.finditer(text):
+            if m.group(1) not in sections:
+                dangling.append(f"{where(path, text, m.start())}: §{m.group(1)}")
+    assert not dangling, ("these § references have no section in docs/algorithm.md (fix the number or add "
+                          "the section):\n" + "\n".join(dangling))
+
+
+def test_no_reference_to_documents_outside_the_repository_or_to_issue_numbers():
+    found = []
+    for path in scanned_files():
+        text = read(path)
+        for m in re.finditer(re.escape(OUTSIDE_DOCUMENT), text):
+            found.append(f"{where(path, text, m.start())}: cites {OUTSIDE_DOCUMENT}; cite docs/algorithm.md")
+        for m in ISSUE_REF.finditer(text):
+            found.append(f"{where(path, text, m.start())}: '{m.group(0)}'; state the requirement itself")
+    assert not found, "\n".join(found)
+
+
+def relative_links(text: str) -> list[tuple[int, str]]:
+    """(position, target) of every Markdown link outside code that is neither a URL nor an anchor."""
+    blank = lambda m: " " * len(m.group(0))  # noqa: E731 - keeps positions (line numbers) intact
+    prose = INLINE_CODE.sub(blank, FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text))
+    links = []
+    for m in MD_LINK.finditer(prose):
+        target = m.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+            continue
+        links.append((m.start(), target))
+    return links
+
+
+def test_relative_markdown_links_point_at_existing_files():
+    broken = []
+    for path in markdown_files():
+        text = read(path)
+        for pos, target in relative_links(text):
+            file_part = target.split("#", 1)[0]
+            if file_part and not (path.parent / file_part).exists():
+                broken.append(f"{where(path, text, pos)}: {target}")
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("see [the algorithm](docs/algorithm.md#2-policy) and ![plot](docs/images/a.png)",
+     ["docs/algorithm.md#2-policy", "docs/images/a.png"]),
+    ("[web](https://arxiv.org/abs/2510.14545), [anchor](#set-up), `[x](not/a/link.md)`", []),
+    ("```\n[x](inside/a/fence.md)\n```\n[y](after.md)", ["after.md"]),
+])
+def test_link_finder(text, expected):
+    assert [target for _, target in relative_links(text)] == expected
+
+
+def test_reference_patterns_catch_what_they_should():
+    assert SECTION_REF.findall("(§1.2-§1.4), § 2.3, §7.") == ["1.2", "1.4", "2.3", "7"]
+    word = "issue"  # kept apart from its number so that this file passes its own check
+    assert ISSUE_REF.search(f"recall@5 ({word.title()} 4: ≥ 0.95)") and ISSUE_REF.search(f"see {word} #13")
+    assert not ISSUE_REF.search("the queries the teacher issues (entity names)")
+    assert algorithm_sections("## 2. Policy\n### 2.3 Surrogate\n#### 4.10 ARPO\n") == ["2", "2.3", "4.10"]
