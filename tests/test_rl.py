@@ -288,6 +288,28 @@ def test_every_preset_runs_two_rl_steps(tiny_tokenizer, preset):
     assert len(trainer.last_rollout) == 4 and "score" in trainer.last_rollout[0]
 
 
+def test_the_trainer_owns_the_rollout_state_and_saves_it(tiny_tokenizer, monkeypatch):
+    """The §1.4 release-quirk baselines live in the trainer's rollout state, passed to every rollout."""
+    passed = []
+    original = rl_module.run_rollout
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs["state"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rl_module, "run_rollout", spy)
+    cfg = load_config("official", overrides=TINY_RL)
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    trainer.step()
+    trainer.step()
+    assert len(passed) == 2 and all(state is trainer.rollout_state for state in passed)
+    trainer.rollout_state.slot_baselines[3] = 0.25
+    resumed = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    resumed.load_state_dict(trainer.state_dict())
+    assert resumed.rollout_state == trainer.rollout_state and resumed.rollout_state.slot_baselines[3] == 0.25
+
+
 def test_a_registered_loss_and_estimator_train_through_the_config(tiny_tokenizer):
     calls = []
 

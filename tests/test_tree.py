@@ -263,19 +263,22 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
 
 
 def test_slot_persistent_baseline_survives_calls(tiny_tokenizer, monkeypatch):
-    tree.reset_slot_baselines()
     c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent")
+    state = tree.RolloutState()
     scripted_uniforms(monkeypatch, [0.0, 0.0])
-    run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c)
-    state = tree.slot_baselines_state()  # a checkpoint round trip keeps them too
-    tree.reset_slot_baselines()
-    tree.load_slot_baselines_state(state)
-    assert tree.slot_baselines_state() == state and state and set(state.values()) == {2.0}
+    run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c, state=state)
+    resumed = tree.RolloutState()  # a checkpoint round trip keeps them too
+    resumed.load_state_dict(state.state_dict())
+    assert resumed == state and state.slot_baselines and set(state.slot_baselines.values()) == {2.0}
     scripted_uniforms(monkeypatch, [0.0, 0.0])
-    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c)
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c,
+                         state=resumed)
     # slot 0's baseline is still the first call's 2.0, not this trajectory's own 5.0
     assert result.groups[0][0].rounds[0].branch_probability == pytest.approx(0.2 * 3.0 / math.log(len(tiny_tokenizer)))
-    tree.reset_slot_baselines()
+    # without a state to carry over, the call starts from empty baselines: ΔH = 0
+    scripted_uniforms(monkeypatch, [0.0, 0.0])
+    fresh = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c)
+    assert fresh.groups[0][0].rounds[0].branch_probability == 0.0
 
 
 def test_restarts_fill_the_budget_one_at_a_time(tiny_tokenizer):

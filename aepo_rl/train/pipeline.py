@@ -155,7 +155,6 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     """
     from aepo_rl.engines import build_engine
     from aepo_rl.evaluate import evaluate
-    from aepo_rl.rollout import tree
     from aepo_rl.train.rl import RLTrainer
 
     if cfg.rollout.engine != "hf":
@@ -183,15 +182,10 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     kl_on = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
     ref_model = _load_policy_from(cfg, init_model_dir, task)[0] if kl_on else None
     trainer = RLTrainer(cfg, model, tokenizer, task, engine, ref_model=ref_model)
-
-    # The release quirk entropy_baseline=slot_persistent (§1.4) keeps baselines across steps in the
-    # rollout module: start them empty, or as they were at the checkpoint.
-    tree.reset_slot_baselines()
     history: list[dict] = []
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         ckpt.set_rng_state(state["rng"], engine)
-        tree.load_slot_baselines_state(state["slot_baselines"])
         history = state["metrics"]
         console.print(f"resuming RL after step {trainer.global_step} from {latest}")
 
@@ -199,7 +193,7 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
         adapter = ({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
                    if cfg.model.lora_rank > 0 else None)
         state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(engine), "metrics": history,
-                 "init_model_dir": init_model_dir, "adapter": adapter, "slot_baselines": tree.slot_baselines_state()}
+                 "init_model_dir": init_model_dir, "adapter": adapter}
         ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, tokenizer, state,
                              keep=cfg.trainer.keep_checkpoints)
 

@@ -43,7 +43,7 @@ from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
-from aepo_rl.rollout.tree import run_rollout
+from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
 
 
@@ -358,7 +358,7 @@ class ScoredGroup:
 
 
 class RLTrainer:
-    """Policy, optimizer, data order and reference model of one RL run; :meth:`step` is one RL step."""
+    """Policy, optimizer, data order, rollout state and reference model of one RL run; :meth:`step` is one RL step."""
 
     def __init__(self, cfg: Config, model, tokenizer, task: Task, engine, *, ref_model=None):
         if cfg.algorithm.overlong_buffer_len > cfg.rollout.max_response_length:
@@ -371,6 +371,7 @@ class RLTrainer:
         self.tools = task.tools()
         self.prompt_ids: dict[str, list[int]] = {}
         self.data = DataOrder(len(self.examples), cfg.trainer.seed)
+        self.rollout_state = RolloutState()
         self.optimizer, self.scheduler = build_optimizer(cfg, model)
         self.policy_loss = algorithms.get_policy_loss(cfg.algorithm.policy_loss)
         self.advantage_estimator = algorithms.get_advantage_estimator(cfg.algorithm.adv_estimator)
@@ -414,7 +415,7 @@ class RLTrainer:
             # One seed per (run seed, step, attempt): the rollout of a step does not depend on
             # what ran before it, which makes resume exact.
             seed = (cfg.rollout.seed * 1_000_003 + self.global_step) * 16 + attempt
-            result = run_rollout(self.engine, prompts, self.tools, cfg.rollout, seed=seed)
+            result = run_rollout(self.engine, prompts, self.tools, cfg.rollout, seed=seed, state=self.rollout_state)
             rollout_metrics.append(result.metrics)
             groups = [ScoredGroup(ex, trajs, [float(self.task.reward(ex, t.response_text)) for t in trajs])
                       for ex, trajs in zip(examples, result.groups)]
@@ -589,13 +590,15 @@ class RLTrainer:
 
     def state_dict(self) -> dict:
         return {"global_step": self.global_step, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "data_order": self.data.state_dict()}
+                "scheduler": self.scheduler.state_dict(), "data_order": self.data.state_dict(),
+                "rollout": self.rollout_state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step = state["global_step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.load_state_dict(state["data_order"])
+        self.rollout_state.load_state_dict(state["rollout"])
 
 
 def _agg_units(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
