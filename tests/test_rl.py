@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from aepo_rl import algorithms
+from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
 from aepo_rl.train import rl as rl_module
-from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
-                              batched_logprobs, build_optimizer, collate, last_token_rewards, recorded,
-                              response_logprobs)
+from aepo_rl.train.rl import (Batch, DataOrder, FixedTensors, RLTrainer, accumulate_gradients, batched_logprobs,
+                              build_optimizer, collate, last_token_rewards, recorded, response_logprobs)
 from conftest import build_tiny_model
 
 
@@ -84,23 +84,6 @@ def test_reward_sits_on_the_last_trained_token():
     assert rewards.tolist() == [[0, 2, 0, 0], [0, 0, -1, 0], [5, 0, 0, 0]]
 
 
-def test_anchor_keys_group_tokens_by_identical_prefix_ending_at_a_tool_result():
-    # Round 0: tokens 0-1, tool result 2-3, round 1: 4-5. The fork (traj 1) shares round 0 and the
-    # tool result, then generates differently; traj 2 differs from the first token.
-    a = make_traj([1, 2], [10, 11, 50, 51, 12, 13], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)])
-    b = make_traj([1, 2], [10, 11, 50, 51, 14, 15], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)], traj_id=1)
-    c = make_traj([1, 2], [16, 11, 50, 51, 12], [1, 1, 0, 0, 1], rounds=[(0, 2), (4, 5)], traj_id=2)
-    other_group = make_traj([1, 2], [10, 11], [1, 1], rounds=[(0, 2)])
-    keys = anchor_keys([a, b, c, other_group], [0, 0, 0, 1], response_length=6)
-    assert keys[0, 0] == keys[1, 0] == keys[2, 0]  # the bare prompt
-    assert keys[0, 4] == keys[1, 4] and keys[0, 5] == keys[1, 4]  # same prefix up to the tool result
-    assert keys[2, 4] != keys[0, 4]  # different first round: a different state
-    assert keys[0, 4] != keys[0, 0]
-    assert keys[3, 0] != keys[0, 0]  # same prompt tokens in another group: not the same anchor
-    assert keys[2, 5] == -1 and keys[3, 2] == -1  # padding has no anchor
-    assert bool((keys[:3, :5] >= 0).all())
-
-
 def test_gigpo_advantage_uses_the_anchor_keys_of_forked_trajectories():
     a = make_traj([1], [10, 50, 12], [1, 0, 1], rounds=[(0, 1), (2, 3)])
     b = make_traj([1], [10, 50, 13], [1, 0, 1], rounds=[(0, 1), (2, 3)], traj_id=1)
@@ -158,16 +141,16 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _random_targets(batch: Batch, seed: int = 0) -> Targets:
+def _random_fixed(batch: Batch, seed: int = 0) -> FixedTensors:
     g = torch.Generator().manual_seed(seed)
     shape = batch.response_mask.shape
-    return Targets(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
-                   advantages=torch.randn(shape, generator=g))
+    return FixedTensors(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
+                        advantages=torch.randn(shape, generator=g))
 
 
-def _accumulated(model, batch, targets, cfg) -> list[torch.Tensor]:
+def _accumulated(model, batch, fixed, cfg) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(model, batch, torch.arange(batch.num_rows), targets, cfg,
+    accumulate_gradients(model, batch, torch.arange(batch.num_rows), fixed, cfg,
                          algorithms.get_policy_loss(cfg.algorithm.policy_loss))
     return _grads(model)
 
@@ -178,21 +161,21 @@ def test_gradient_accumulation_equals_the_full_batch_gradient(tiny_tokenizer, ti
     trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
              make_traj([3, 4], [15, 16, 17], [1, 1, 1]), make_traj([6, 4, 5, 3], [18], [1])]
     batch = collate(trajs, [0, 0, 1, 1], tiny_tokenizer.pad_token_id)
-    targets = _random_targets(batch)
+    fixed = _random_fixed(batch)
     cfg = load_config(preset, overrides={"algorithm.loss_agg_mode": mode, "trainer.micro_batch_size": 4})
     model = copy.deepcopy(tiny_model)
-    full = _accumulated(model, batch, targets, cfg)
+    full = _accumulated(model, batch, fixed, cfg)
     cfg.trainer.micro_batch_size = 1
-    micro = _accumulated(model, batch, targets, cfg)
+    micro = _accumulated(model, batch, fixed, cfg)
     for a, b in zip(full, micro):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     # And it is the gradient of the loss written out over the whole batch in one go.
     model.zero_grad(set_to_none=True)
     log_probs, entropy = response_logprobs(model, batch, bf16=False)
-    stats = (algorithms.entropy_stats(targets.old_entropy, batch.response_mask, "mini-batch")
+    stats = (algorithms.entropy_stats(fixed.old_entropy, batch.response_mask, "mini-batch")
              if cfg.algorithm.policy_loss == "aepo" else None)
     loss, _ = algorithms.get_policy_loss(cfg.algorithm.policy_loss)(
-        targets.old_log_probs, log_probs, targets.advantages, batch.response_mask, loss_agg_mode=mode,
+        fixed.old_log_probs, log_probs, fixed.advantages, batch.response_mask, loss_agg_mode=mode,
         config=cfg.algorithm, entropy=entropy, entropy_stats=stats)
     loss.backward()
     for a, b in zip(_grads(model), micro):
@@ -205,17 +188,17 @@ def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):
     batch = collate(trajs, [0, 0], tiny_tokenizer.pad_token_id)
     cfg = load_config("aepo")
     model = copy.deepcopy(tiny_model)
-    targets = _random_targets(batch)
-    reference = _accumulated(model, batch, targets, cfg)
+    fixed = _random_fixed(batch)
+    reference = _accumulated(model, batch, fixed, cfg)
     masked = batch.response_mask == 0
-    garbage = Targets(old_log_probs=torch.where(masked, -50.0, targets.old_log_probs),
-                      old_entropy=torch.where(masked, 1e3, targets.old_entropy),
-                      advantages=torch.where(masked, 1e4, targets.advantages))
+    garbage = FixedTensors(old_log_probs=torch.where(masked, -50.0, fixed.old_log_probs),
+                           old_entropy=torch.where(masked, 1e3, fixed.old_entropy),
+                           advantages=torch.where(masked, 1e4, fixed.advantages))
     for a, b in zip(reference, _accumulated(model, batch, garbage, cfg)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     # With every token masked there is nothing to learn: the gradient is exactly zero.
     batch.response_mask.zero_()
-    assert all(float(g.abs().max()) == 0.0 for g in _accumulated(model, batch, targets, cfg))
+    assert all(float(g.abs().max()) == 0.0 for g in _accumulated(model, batch, fixed, cfg))
 
 
 # ----------------------------------------------------------------------------------------------
