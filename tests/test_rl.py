@@ -121,16 +121,49 @@ def test_data_order_is_a_fresh_seeded_permutation_every_epoch_and_resumes_exactl
         DataOrder(size=6, seed=3).load_state_dict(order.state_dict())
 
 
-def test_cosine_schedule_warms_up_then_decays(tiny_model):
-    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=1",
-                                         "trainer.steps=3", "trainer.lr=1.0"])
-    optimizer, scheduler = build_optimizer(cfg, copy.deepcopy(tiny_model))
+def _lrs(optimizer, scheduler, steps: int) -> list[float]:
+    """The lr of each of ``steps`` optimizer steps."""
     lrs = []
-    for _ in range(4):
+    for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert lrs == pytest.approx([0.5, 1.0, 0.5, 0.0])
+    return lrs
+
+
+def test_cosine_schedule_warms_up_then_decays(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=2",
+                                         "trainer.steps=4", "trainer.lr=1.0"])
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 5) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
+
+
+def test_constant_schedule_is_constant_without_warm_up_and_linear_with_it(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr=1.0", "trainer.steps=3"])
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 4) == [1.0] * 4
+    cfg.trainer.warmup_steps = 4
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 6) == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1])
+
+
+def test_the_schedule_resumes_from_its_state_also_one_saved_before_the_transformers_schedules(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=2",
+                                         "trainer.steps=6", "trainer.lr=1.0"])
+    model = copy.deepcopy(tiny_model)
+    optimizer, scheduler = build_optimizer(cfg, model)
+    straight = _lrs(optimizer, scheduler, 6)
+    optimizer, scheduler = build_optimizer(cfg, model)
+    _lrs(optimizer, scheduler, 3)
+    resumed_optimizer, resumed = build_optimizer(cfg, model)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(scheduler.state_dict())
+    assert _lrs(resumed_optimizer, resumed, 3) == straight[3:]
+    # A checkpoint's scheduler state from a LambdaLR of a plain function (the earlier hand-written schedule)
+    old_optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    old = torch.optim.lr_scheduler.LambdaLR(old_optimizer, lambda step: 1.0)
+    _lrs(old_optimizer, old, 3)
+    resumed_optimizer, resumed = build_optimizer(cfg, model)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(old.state_dict())
+    assert _lrs(resumed_optimizer, resumed, 3) == straight[3:]
 
 
 # ----------------------------------------------------------------------------------------------

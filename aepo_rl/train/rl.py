@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from aepo_rl import algorithms
 from aepo_rl.algorithms.advantages import anchor_keys
@@ -306,20 +307,16 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
 
 
 def build_optimizer(cfg: Config, model) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters; lr constant or cosine, with linear warm-up (§2.4), per RL step."""
+    """AdamW over the trainable parameters and its lr schedule, stepped once per RL step (§2.4):
+    ``trainer.lr_schedule`` constant or cosine (to 0 at ``trainer.steps``) after
+    ``trainer.warmup_steps`` steps of linear warm-up (transformers' rule: lr·s/W at step s; 0 steps:
+    constant from the first step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
-    warmup, total, cosine = cfg.trainer.warmup_steps, max(1, cfg.trainer.steps), cfg.trainer.lr_schedule == "cosine"
-
-    def lr_factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if not cosine:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    warmup = cfg.trainer.warmup_steps
+    if cfg.trainer.lr_schedule == "cosine":
+        return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, max(1, cfg.trainer.steps))
+    return optimizer, get_constant_schedule_with_warmup(optimizer, warmup)
 
 
 # ----------------------------------------------------------------------------------------------
