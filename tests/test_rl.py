@@ -19,6 +19,7 @@ from aepo_rl.train import rl as rl_module
 from aepo_rl.train.rl import (Batch, DataOrder, FixedTensors, RLTrainer, accumulate_gradients, batched_logprobs,
                               build_optimizer, collate, last_token_rewards, recorded, response_logprobs)
 from conftest import build_tiny_model
+from fakes import EchoSearch
 
 
 def make_traj(prompt, response, mask, rounds=(), traj_id=0, parent_id=None):
@@ -236,13 +237,6 @@ def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):
 
 # ----------------------------------------------------------------------------------------------
 # Every preset: two RL steps with the tiny model and a small fake task
-
-
-class EchoSearch:
-    name, tag, description = "search", "search", "echoes the query"
-
-    def run(self, arg: str) -> str:
-        return f"found {arg[:20]}"
 
 
 class VaryingRewardTask:

@@ -284,14 +284,16 @@ def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
 
 def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], tools: dict[str, Tool],
                 cfg: RolloutConfig, *, validation: bool = False, sampling: SamplingParams | None = None,
-                seed: int | None = None, state: RolloutState | None = None) -> RolloutResult:
+                seed: int | None = None, state: RolloutState | None = None,
+                rng: random.Random | None = None) -> RolloutResult:
     """Roll out ``prompts`` (prompt_id, prompt token ids) into groups of n trajectories (§1).
 
     m = ``cfg.global_samples`` if set; else entropy pre-monitoring (§1.3) in aepo mode with
     ``cfg.premonitor``; else n // 2 (at least 1); n in independent mode. ``validation``: one
     trajectory per prompt, no branching, greedy unless ``sampling`` says otherwise. ``seed``
-    (default ``cfg.seed``) seeds the uniform draws U of §1.4. ``state``: what carries over between
-    calls (the trainer's, so the release-quirk baselines persist across RL steps); default a fresh one.
+    (default ``cfg.seed``) seeds the uniform draws U of §1.4; ``rng`` (anything with ``random()``)
+    supplies them instead. ``state``: what carries over between calls (the trainer's, so the
+    release-quirk baselines persist across RL steps); default a fresh one.
     """
     for pid, ids in prompts:
         if not ids or len(ids) > cfg.max_prompt_length:
@@ -299,7 +301,8 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
                              f"{cfg.max_prompt_length} (raise that limit or shorten the prompt)")
     n = 1 if validation else cfg.n
     branching = not validation and cfg.mode in ("aepo", "arpo") and n > 1
-    rng = random.Random(cfg.seed if seed is None else seed)
+    if rng is None:
+        rng = random.Random(cfg.seed if seed is None else seed)
     tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, validation, sampling), rng,
                         state if state is not None else RolloutState())
     counters_before = dict(engine.stats())
