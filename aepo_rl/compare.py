@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scipy import stats
+
 from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict, to_yaml
 from aepo_rl.report import plot_runs, read_metrics, series
 from aepo_rl.tasks import get_task
@@ -34,40 +36,12 @@ SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once lik
 
 
 def student_t_critical(df: int, confidence: float = 0.95) -> float:
-    """t such that P(|T| ≤ t) = confidence for Student's t with ``df`` (integer) degrees of freedom.
-
-    Bisection on the exact finite-series CDF for integer df (Abramowitz & Stegun 26.7.3-4):
-    with θ = atan(t/√ν), P(|T| ≤ t) = 2θ/π + (2/π)·sinθ·cosθ·Σ_odd for odd ν and
-    sinθ·Σ_even for even ν.
-    """
+    """t such that P(|T| ≤ t) = confidence for Student's t with ``df`` degrees of freedom (scipy's quantile)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    low, high = 0.0, 1.0
-    while _t_two_sided_mass(high, df) < confidence:
-        high *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if _t_two_sided_mass(mid, df) < confidence else (low, mid)
-    return 0.5 * (low + high)
-
-
-def _t_two_sided_mass(t: float, df: int) -> float:
-    """P(|T| ≤ t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4)."""
-    theta = math.atan(t / math.sqrt(df))
-    cos2 = math.cos(theta) ** 2
-    if df % 2 == 1:  # 1 + (2/3)c² + (2·4)/(3·5)c⁴ + … up to c^(ν−3)
-        term, total = 1.0, 1.0 if df > 1 else 0.0
-        for j in range(1, (df - 1) // 2):
-            term *= cos2 * (2 * j) / (2 * j + 1)
-            total += term
-        return (2 / math.pi) * (theta + math.sin(theta) * math.cos(theta) * total)
-    term, total = 1.0, 1.0  # 1 + (1/2)c² + (1·3)/(2·4)c⁴ + … up to c^(ν−2)
-    for j in range(1, df // 2):
-        term *= cos2 * (2 * j - 1) / (2 * j)
-        total += term
-    return math.sin(theta) * total
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
 
 
 def mean_ci95(values: list[float]) -> dict[str, Any]:
@@ -162,8 +136,8 @@ def format_cell(stat: dict[str, Any] | None) -> str:
 def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, steps: int) -> str:
     header = "| preset | " + " | ".join(col for col, _ in COLUMNS) + " |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
-    for preset, stats in summary.items():
-        lines.append(f"| {preset} | " + " | ".join(format_cell(stats[col]) for col, _ in COLUMNS) + " |")
+    for preset, row in summary.items():
+        lines.append(f"| {preset} | " + " | ".join(format_cell(row[col]) for col, _ in COLUMNS) + " |")
     ci_note = ("mean ± 95% CI half-width (Student t over seeds)" if seeds > 1
                else "one seed: no confidence interval (use --seeds ≥ 2)")
     notes = [f"{seeds} seed(s), {steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
@@ -212,8 +186,8 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     table.add_column("preset")
     for col, _ in COLUMNS:
         table.add_column(col, justify="right")
-    for preset, stats in summary.items():
-        table.add_row(preset, *(format_cell(stats[col]) for col, _ in COLUMNS), end_section=preset == "sft")
+    for preset, row in summary.items():
+        table.add_row(preset, *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
     Console().print(table)
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0

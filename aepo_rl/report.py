@@ -7,12 +7,13 @@ legend. A panel whose metrics no run logged is skipped, with a line saying so.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from aepo_rl.jsonl import JsonlError, read_jsonl
 
@@ -173,8 +174,10 @@ def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]
 
 def trailing_mean(values: list[float], window: int) -> list[float]:
     """Each value averaged with up to ``window`` − 1 values before it."""
-    sums = [0.0, *itertools.accumulate(values)]
-    return [(sums[i + 1] - sums[max(0, i + 1 - window)]) / min(window, i + 1) for i in range(len(values))]
+    if not values:
+        return []
+    sums = np.convolve(values, np.ones(window))[:len(values)]  # sum over each trailing window
+    return (sums / np.minimum(np.arange(1, len(values) + 1), window)).tolist()
 
 
 def final_values(records: list[dict], pattern: str) -> dict[str, float]:

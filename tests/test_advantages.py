@@ -7,6 +7,8 @@ import torch
 
 from aepo_rl.algorithms import (ADVANTAGE_ESTIMATORS, PolicyLossConfig, filter_groups, get_advantage_estimator,
                                 overlong_penalty)
+from aepo_rl.algorithms.advantages import anchor_keys
+from test_rl import make_traj
 
 EPS = 1e-6
 # Rows: group "a" = rewards 1, 0, 0; group "b" = a single row, reward 0.5; group "c" = two equal rewards.
@@ -117,6 +119,23 @@ def test_gigpo_by_hand():
     assert torch.allclose(adv, expected, atol=1e-5)
     with pytest.raises(ValueError, match="anchor_keys"):
         get_advantage_estimator("gigpo")(rewards, mask, [0, 0, 0], cfg)
+
+
+def test_anchor_keys_group_tokens_by_identical_prefix_ending_at_a_tool_result():
+    # Round 0: tokens 0-1, tool result 2-3, round 1: 4-5. The fork (traj 1) shares round 0 and the
+    # tool result, then generates differently; traj 2 differs from the first token.
+    a = make_traj([1, 2], [10, 11, 50, 51, 12, 13], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)])
+    b = make_traj([1, 2], [10, 11, 50, 51, 14, 15], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)], traj_id=1)
+    c = make_traj([1, 2], [16, 11, 50, 51, 12], [1, 1, 0, 0, 1], rounds=[(0, 2), (4, 5)], traj_id=2)
+    other_group = make_traj([1, 2], [10, 11], [1, 1], rounds=[(0, 2)])
+    keys = anchor_keys([a, b, c, other_group], [0, 0, 0, 1], response_length=6)
+    assert keys[0, 0] == keys[1, 0] == keys[2, 0]  # the bare prompt
+    assert keys[0, 4] == keys[1, 4] and keys[0, 5] == keys[1, 4]  # same prefix up to the tool result
+    assert keys[2, 4] != keys[0, 4]  # different first round: a different state
+    assert keys[0, 4] != keys[0, 0]
+    assert keys[3, 0] != keys[0, 0]  # same prompt tokens in another group: not the same anchor
+    assert keys[2, 5] == -1 and keys[3, 2] == -1  # padding has no anchor
+    assert bool((keys[:3, :5] >= 0).all())
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))

@@ -48,6 +48,12 @@ def test_checkpoints_rotate_and_partial_ones_are_ignored(tmp_path, tiny_tokenize
     assert sorted(p.name for p in folder.iterdir()) == ["step_000002", "step_000003"]
 
 
+def test_an_older_checkpoint_with_the_slot_baselines_beside_the_trainer_state_loads(tmp_path):
+    """Before the trainer owned its rollout state, the §1.4 release-quirk baselines sat at the top level."""
+    torch.save({"trainer": {"global_step": 1}, "slot_baselines": {0: 2.0}}, tmp_path / "trainer_state.pt")
+    assert ckpt.load_trainer_state(tmp_path) == {"trainer": {"global_step": 1, "rollout": {"slot_baselines": {0: 2.0}}}}
+
+
 def test_rng_state_round_trip_covers_python_numpy_torch_and_the_engine():
     class Engine:
         generator = torch.Generator().manual_seed(5)

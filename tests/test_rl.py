@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from aepo_rl import algorithms
+from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
 from aepo_rl.train import rl as rl_module
-from aepo_rl.train.rl import (Batch, DataOrder, RLTrainer, Targets, accumulate_gradients, anchor_keys,
-                              batched_logprobs, build_optimizer, collate, last_token_rewards, recorded,
-                              response_logprobs)
+from aepo_rl.train.rl import (Batch, DataOrder, FixedTensors, RLTrainer, accumulate_gradients, batched_logprobs,
+                              build_optimizer, collate, last_token_rewards, recorded, response_logprobs)
 from conftest import build_tiny_model
+from fakes import EchoSearch
 
 
 def make_traj(prompt, response, mask, rounds=(), traj_id=0, parent_id=None):
@@ -85,23 +86,6 @@ def test_reward_sits_on_the_last_trained_token():
     assert rewards.tolist() == [[0, 2, 0, 0], [0, 0, -1, 0], [5, 0, 0, 0]]
 
 
-def test_anchor_keys_group_tokens_by_identical_prefix_ending_at_a_tool_result():
-    # Round 0: tokens 0-1, tool result 2-3, round 1: 4-5. The fork (traj 1) shares round 0 and the
-    # tool result, then generates differently; traj 2 differs from the first token.
-    a = make_traj([1, 2], [10, 11, 50, 51, 12, 13], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)])
-    b = make_traj([1, 2], [10, 11, 50, 51, 14, 15], [1, 1, 0, 0, 1, 1], rounds=[(0, 2), (4, 6)], traj_id=1)
-    c = make_traj([1, 2], [16, 11, 50, 51, 12], [1, 1, 0, 0, 1], rounds=[(0, 2), (4, 5)], traj_id=2)
-    other_group = make_traj([1, 2], [10, 11], [1, 1], rounds=[(0, 2)])
-    keys = anchor_keys([a, b, c, other_group], [0, 0, 0, 1], response_length=6)
-    assert keys[0, 0] == keys[1, 0] == keys[2, 0]  # the bare prompt
-    assert keys[0, 4] == keys[1, 4] and keys[0, 5] == keys[1, 4]  # same prefix up to the tool result
-    assert keys[2, 4] != keys[0, 4]  # different first round: a different state
-    assert keys[0, 4] != keys[0, 0]
-    assert keys[3, 0] != keys[0, 0]  # same prompt tokens in another group: not the same anchor
-    assert keys[2, 5] == -1 and keys[3, 2] == -1  # padding has no anchor
-    assert bool((keys[:3, :5] >= 0).all())
-
-
 def test_gigpo_advantage_uses_the_anchor_keys_of_forked_trajectories():
     a = make_traj([1], [10, 50, 12], [1, 0, 1], rounds=[(0, 1), (2, 3)])
     b = make_traj([1], [10, 50, 13], [1, 0, 1], rounds=[(0, 1), (2, 3)], traj_id=1)
@@ -139,16 +123,49 @@ def test_data_order_is_a_fresh_seeded_permutation_every_epoch_and_resumes_exactl
         DataOrder(size=6, seed=3).load_state_dict(order.state_dict())
 
 
-def test_cosine_schedule_warms_up_then_decays(tiny_model):
-    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=1",
-                                         "trainer.steps=3", "trainer.lr=1.0"])
-    optimizer, scheduler = build_optimizer(cfg, copy.deepcopy(tiny_model))
+def _lrs(optimizer, scheduler, steps: int) -> list[float]:
+    """The lr of each of ``steps`` optimizer steps."""
     lrs = []
-    for _ in range(4):
+    for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert lrs == pytest.approx([0.5, 1.0, 0.5, 0.0])
+    return lrs
+
+
+def test_cosine_schedule_warms_up_then_decays(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=2",
+                                         "trainer.steps=4", "trainer.lr=1.0"])
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 5) == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
+
+
+def test_constant_schedule_is_constant_without_warm_up_and_linear_with_it(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr=1.0", "trainer.steps=3"])
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 4) == [1.0] * 4
+    cfg.trainer.warmup_steps = 4
+    assert _lrs(*build_optimizer(cfg, copy.deepcopy(tiny_model)), 6) == pytest.approx([0, 0.25, 0.5, 0.75, 1, 1])
+
+
+def test_the_schedule_resumes_from_its_state_also_one_saved_before_the_transformers_schedules(tiny_model):
+    cfg = load_config("aepo", overrides=["trainer.lr_schedule=cosine", "trainer.warmup_steps=2",
+                                         "trainer.steps=6", "trainer.lr=1.0"])
+    model = copy.deepcopy(tiny_model)
+    optimizer, scheduler = build_optimizer(cfg, model)
+    straight = _lrs(optimizer, scheduler, 6)
+    optimizer, scheduler = build_optimizer(cfg, model)
+    _lrs(optimizer, scheduler, 3)
+    resumed_optimizer, resumed = build_optimizer(cfg, model)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(scheduler.state_dict())
+    assert _lrs(resumed_optimizer, resumed, 3) == straight[3:]
+    # A checkpoint's scheduler state from a LambdaLR of a plain function (the earlier hand-written schedule)
+    old_optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    old = torch.optim.lr_scheduler.LambdaLR(old_optimizer, lambda step: 1.0)
+    _lrs(old_optimizer, old, 3)
+    resumed_optimizer, resumed = build_optimizer(cfg, model)
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed.load_state_dict(old.state_dict())
+    assert _lrs(resumed_optimizer, resumed, 3) == straight[3:]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,16 +176,16 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _random_targets(batch: Batch, seed: int = 0) -> Targets:
+def _random_fixed(batch: Batch, seed: int = 0) -> FixedTensors:
     g = torch.Generator().manual_seed(seed)
     shape = batch.response_mask.shape
-    return Targets(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
-                   advantages=torch.randn(shape, generator=g))
+    return FixedTensors(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
+                        advantages=torch.randn(shape, generator=g))
 
 
-def _accumulated(model, batch, targets, cfg) -> list[torch.Tensor]:
+def _accumulated(model, batch, fixed, cfg) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    accumulate_gradients(model, batch, torch.arange(batch.num_rows), targets, cfg,
+    accumulate_gradients(model, batch, torch.arange(batch.num_rows), fixed, cfg,
                          algorithms.get_policy_loss(cfg.algorithm.policy_loss))
     return _grads(model)
 
@@ -179,23 +196,23 @@ def test_gradient_accumulation_equals_the_full_batch_gradient(tiny_tokenizer, ti
     trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
              make_traj([3, 4], [15, 16, 17], [1, 1, 1]), make_traj([6, 4, 5, 3], [18], [1])]
     batch = collate(trajs, [0, 0, 1, 1], tiny_tokenizer.pad_token_id)
-    targets = _random_targets(batch)
+    fixed = _random_fixed(batch)
     cfg = load_config(preset, overrides={"algorithm.loss_agg_mode": mode, "trainer.micro_batch_size": 4})
     model = copy.deepcopy(tiny_model)
-    full = _accumulated(model, batch, targets, cfg)
+    full = _accumulated(model, batch, fixed, cfg)
     cfg.trainer.micro_batch_size = 1
-    micro = _accumulated(model, batch, targets, cfg)
+    micro = _accumulated(model, batch, fixed, cfg)
     for a, b in zip(full, micro):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     # And it is the gradient of the loss written out over the whole batch in one go.
     model.zero_grad(set_to_none=True)
     log_probs, entropy = response_logprobs(model, batch, bf16=False)
-    stats = (algorithms.entropy_stats(targets.old_entropy, batch.response_mask, "mini-batch")
+    stats = (algorithms.entropy_stats(fixed.old_entropy, batch.response_mask, "mini-batch")
              if cfg.algorithm.policy_loss == "aepo" else None)
     # (seq-mean-token-sum-norm divides by the trainer's constant T = rollout.max_response_length)
     algo = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.rollout.max_response_length)
     loss, _ = algorithms.get_policy_loss(cfg.algorithm.policy_loss)(
-        targets.old_log_probs, log_probs, targets.advantages, batch.response_mask, loss_agg_mode=mode,
+        fixed.old_log_probs, log_probs, fixed.advantages, batch.response_mask, loss_agg_mode=mode,
         config=algo, entropy=entropy, entropy_stats=stats)
     loss.backward()
     for a, b in zip(_grads(model), micro):
@@ -214,17 +231,17 @@ def test_dr_grpo_divisor_is_the_response_budget_not_the_longest_response(tiny_to
     batch = collate(trajs, [0, 0], tiny_tokenizer.pad_token_id)
     cfg = load_config("dr_grpo", overrides={"rollout.max_response_length": 64})
     model = copy.deepcopy(tiny_model)
-    targets = _random_targets(batch)
-    grads = _accumulated(model, batch, targets, cfg)
+    fixed = _random_fixed(batch)
+    grads = _accumulated(model, batch, fixed, cfg)
     wide = _widened(batch, 5, tiny_tokenizer.pad_token_id)
     pad = torch.zeros(batch.num_rows, 5)
-    wide_targets = Targets(torch.cat([targets.old_log_probs, pad], 1), torch.cat([targets.old_entropy, pad], 1),
-                           torch.cat([targets.advantages, pad], 1))
-    for a, b in zip(grads, _accumulated(model, wide, wide_targets, cfg)):
+    wide_fixed = FixedTensors(torch.cat([fixed.old_log_probs, pad], 1), torch.cat([fixed.old_entropy, pad], 1),
+                              torch.cat([fixed.advantages, pad], 1))
+    for a, b in zip(grads, _accumulated(model, wide, wide_fixed, cfg)):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
     # by hand: Σ_i Σ_t m·L / (2 sequences · 64); doubling the budget halves the gradient
     cfg.algorithm.loss_scale_factor = 128
-    for a, b in zip(grads, _accumulated(model, batch, targets, cfg)):
+    for a, b in zip(grads, _accumulated(model, batch, fixed, cfg)):
         torch.testing.assert_close(a, 2 * b, atol=1e-7, rtol=1e-4)
 
 
@@ -233,15 +250,15 @@ def test_micro_batch_scope_weights_micro_batches_by_sequences_as_the_release(tin
     trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
              make_traj([3, 4], [15, 16, 17], [1, 1, 1])]
     batch = collate(trajs, [0, 0, 1], tiny_tokenizer.pad_token_id)
-    targets = _random_targets(batch)
+    fixed = _random_fixed(batch)
     model = copy.deepcopy(tiny_model)
     release = load_config("grpo", overrides={"algorithm.loss_agg_scope": "micro-batch", "trainer.micro_batch_size": 1})
     per_sequence = load_config("grpo", overrides={"algorithm.loss_agg_mode": "seq-mean-token-mean"})
     global_mean = load_config("grpo")
-    got = _accumulated(model, batch, targets, release)
-    for a, b in zip(got, _accumulated(model, batch, targets, per_sequence)):
+    got = _accumulated(model, batch, fixed, release)
+    for a, b in zip(got, _accumulated(model, batch, fixed, per_sequence)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
-    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(got, _accumulated(model, batch, targets, global_mean)))
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(got, _accumulated(model, batch, fixed, global_mean)))
     assert load_config("official").algorithm.loss_agg_scope == "micro-batch"
 
 
@@ -251,28 +268,21 @@ def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):
     batch = collate(trajs, [0, 0], tiny_tokenizer.pad_token_id)
     cfg = load_config("aepo")
     model = copy.deepcopy(tiny_model)
-    targets = _random_targets(batch)
-    reference = _accumulated(model, batch, targets, cfg)
+    fixed = _random_fixed(batch)
+    reference = _accumulated(model, batch, fixed, cfg)
     masked = batch.response_mask == 0
-    garbage = Targets(old_log_probs=torch.where(masked, -50.0, targets.old_log_probs),
-                      old_entropy=torch.where(masked, 1e3, targets.old_entropy),
-                      advantages=torch.where(masked, 1e4, targets.advantages))
+    garbage = FixedTensors(old_log_probs=torch.where(masked, -50.0, fixed.old_log_probs),
+                           old_entropy=torch.where(masked, 1e3, fixed.old_entropy),
+                           advantages=torch.where(masked, 1e4, fixed.advantages))
     for a, b in zip(reference, _accumulated(model, batch, garbage, cfg)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     # With every token masked there is nothing to learn: the gradient is exactly zero.
     batch.response_mask.zero_()
-    assert all(float(g.abs().max()) == 0.0 for g in _accumulated(model, batch, targets, cfg))
+    assert all(float(g.abs().max()) == 0.0 for g in _accumulated(model, batch, fixed, cfg))
 
 
 # ----------------------------------------------------------------------------------------------
 # Every preset: two RL steps with the tiny model and a small fake task
-
-
-class EchoSearch:
-    name, tag, description = "search", "search", "echoes the query"
-
-    def run(self, arg: str) -> str:
-        return f"found {arg[:20]}"
 
 
 class VaryingRewardTask:
@@ -332,6 +342,28 @@ def test_every_preset_runs_two_rl_steps(tiny_tokenizer, preset):
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), f"{preset}: no update"
     assert len(trainer.last_rollout) == 4 and "score" in trainer.last_rollout[0]
+
+
+def test_the_trainer_owns_the_rollout_state_and_saves_it(tiny_tokenizer, monkeypatch):
+    """The §1.4 release-quirk baselines live in the trainer's rollout state, passed to every rollout."""
+    passed = []
+    original = rl_module.run_rollout
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs["state"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rl_module, "run_rollout", spy)
+    cfg = load_config("official", overrides=TINY_RL)
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    trainer.step()
+    trainer.step()
+    assert len(passed) == 2 and all(state is trainer.rollout_state for state in passed)
+    trainer.rollout_state.slot_baselines[3] = 0.25
+    resumed = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+    resumed.load_state_dict(trainer.state_dict())
+    assert resumed.rollout_state == trainer.rollout_state and resumed.rollout_state.slot_baselines[3] == 0.25
 
 
 def test_a_registered_loss_and_estimator_train_through_the_config(tiny_tokenizer):

@@ -14,7 +14,7 @@ from aepo_rl.config import load_config
 from aepo_rl.models import encode_prompt
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy, trained_logits,
-                               tokenize_demonstration, warmup_cosine)
+                               tokenize_demonstration)
 
 PIECES = [("<think>find it</think> <search>Velmora founder</search>", True),
           (" <result>\nPage 1: Velmora was founded by Ada Korrin.\n</result>", False),
@@ -89,13 +89,12 @@ def test_trained_logits_of_a_padded_row_equal_those_of_the_row_alone(tiny_model,
     torch.testing.assert_close(padded[:len(alone)], alone, atol=1e-5, rtol=1e-4)
 
 
-def test_warmup_cosine_values_by_hand():
-    f = warmup_cosine(total_steps=10, warmup_ratio=0.2)  # W = 2 warm-up steps, 8 cosine steps
-    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
-    assert f(4) == pytest.approx(0.5 * (1 + math.cos(math.pi * 2 / 8)))
-    assert f(6) == pytest.approx(0.5)
-    assert f(10) == pytest.approx(0.0)
-    assert warmup_cosine(4, 0.0)(0) == 1.0
+def warmup_cosine(step: int, total_steps: int, warmup_ratio: float) -> float:
+    """The SFT lr multiplier by hand: s/W for s < W = round(ratio·S), then ½(1 + cos(π (s−W)/(S−W)))."""
+    warmup = round(warmup_ratio * total_steps)
+    if step < warmup:
+        return step / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total_steps - warmup)))
 
 
 def oracle(vocab: int, wrong: tuple[int, ...] = ()) -> FakeLM:
@@ -146,8 +145,10 @@ def test_sft_steps_reduce_the_loss_and_follow_the_schedule(tiny_model, tiny_toke
         after = masked_lm_loss(model, batch, bf16=False)[0].item()
     assert after < 0.5 * before
     assert metrics["steps"] == 30 and len(metrics["loss_curve"]) == 30
-    schedule = warmup_cosine(30, 0.1)
-    assert metrics["lr_curve"] == pytest.approx([3e-3 * schedule(s) for s in range(30)])
+    assert metrics["lr_curve"] == pytest.approx([3e-3 * warmup_cosine(s, 30, 0.1) for s in range(30)])
+    # W = 3: lr·s/W from 0 (transformers' warm-up rule, as in RL), then cosine: ½ lr half-way through the decay
+    assert metrics["lr_curve"][:4] == pytest.approx([0.0, 1e-3, 2e-3, 3e-3])
+    assert metrics["lr_curve"][3 + 27 // 2] == pytest.approx(1.5e-3 * (1 + math.cos(math.pi * 13 / 27)))
     assert metrics["dev/token_accuracy"] > 0.5 and metrics["tokens_per_s"] > 0
     assert not model.training
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 import threading
-from types import SimpleNamespace
 
 import pytest
 
@@ -42,10 +41,14 @@ def calls_then_answer(calls: int, entropy=1.0):
     return script
 
 
-def scripted_uniforms(monkeypatch, draws):
-    """Replace the controller's seeded U ~ Uniform(0,1) by a fixed list."""
-    it = iter(draws)
-    monkeypatch.setattr(tree, "random", SimpleNamespace(Random=lambda seed: SimpleNamespace(random=lambda: next(it))))
+class ScriptedUniforms:
+    """The draws U ~ Uniform(0, 1) of §1.4 from a fixed list, in place of the controller's seeded generator."""
+
+    def __init__(self, draws):
+        self.draws = iter(draws)
+
+    def random(self) -> float:
+        return next(self.draws)
 
 
 def cfg(**kw) -> RolloutConfig:
@@ -73,7 +76,6 @@ def test_branch_frequency_matches_table(c, expected):
     hits = sum(branch_probability(rng.random(), 0.0, c, mode="aepo", entropy_weight=0.2, penalty=0.05) >= 0.5
                for _ in range(draws))
     assert abs(hits / draws - expected) < 0.01
-    assert round(expected, 3) in (0.5, 0.474, 0.444, 0.333, 0.0)
 
 
 def test_branch_probability_values():
@@ -115,11 +117,11 @@ def test_premonitor_release_gives_7_of_12(tiny_tokenizer):
     assert [len(b) for b in engine.batches[:5]] == [2, 2, 2, 2, 14]
 
 
-def test_previous_segment_path_penalty(tiny_tokenizer, monkeypatch):
+def test_previous_segment_path_penalty(tiny_tokenizer):
     """Hand-computed: U = .9, .2, .9, .52; ΔH = 0; λ = 0.05; per-path counter l."""
-    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52])
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(3))
-    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="path"))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="path"),
+                         rng=ScriptedUniforms([0.9, 0.2, 0.9, 0.52]))
     t0, t1, t2, t3 = result.groups[0]
     # round 1: T0 l=0 → P=.9 → T1.   round 2: T0 l=1 → .2·.95=.19 no (l=0); T1 l=1 → .9·.95 → T2 (l=2).
     # round 3: T0 l=0 → .52 → T3; prompt full.
@@ -137,11 +139,11 @@ def test_previous_segment_path_penalty(tiny_tokenizer, monkeypatch):
     assert all(t.finish_reason == "answer" for t in (t0, t1, t2, t3))
 
 
-def test_previous_segment_prompt_round_penalty(tiny_tokenizer, monkeypatch):
+def test_previous_segment_prompt_round_penalty(tiny_tokenizer):
     """Same draws, release counter c per prompt: round 3 uses c = 2 for every candidate."""
-    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52, 0.7])
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(3))
-    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="prompt_round"))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(penalty_scope="prompt_round"),
+                         rng=ScriptedUniforms([0.9, 0.2, 0.9, 0.52, 0.7]))
     t0, t1, t2, t3 = result.groups[0]
     assert t0.rounds[1].branch_probability == pytest.approx(0.19)   # c = 1
     assert t1.rounds[1].branch_probability == pytest.approx(0.855)  # c = 1
@@ -151,11 +153,11 @@ def test_previous_segment_prompt_round_penalty(tiny_tokenizer, monkeypatch):
     assert result.metrics["rollout/consecutive_branch_max"] == 3
 
 
-def test_prompt_round_counter_resets_for_prompts_without_gain(tiny_tokenizer, monkeypatch):
+def test_prompt_round_counter_resets_for_prompts_without_gain(tiny_tokenizer):
     """Two prompts: only p0 gains in round 1, so p1's c stays 0 while p0's becomes 1."""
-    scripted_uniforms(monkeypatch, [0.9, 0.3, 0.6, 0.6])
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
-    result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), cfg(n=3, penalty_scope="prompt_round"))
+    result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), cfg(n=3, penalty_scope="prompt_round"),
+                         rng=ScriptedUniforms([0.9, 0.3, 0.6, 0.6]))
     g0, g1 = result.groups
     assert g0[0].rounds[0].branch_probability == pytest.approx(0.9)
     assert g1[0].rounds[0].branch_probability == pytest.approx(0.3)
@@ -164,13 +166,12 @@ def test_prompt_round_counter_resets_for_prompts_without_gain(tiny_tokenizer, mo
     assert [len(g) for g in result.groups] == [3, 3]
 
 
-def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
+def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer):
     """Paper default: the decision after result k uses the reaction to result k; the child resumes there."""
     entropies = {0: 1.0, 1: 3.0, 2: 1.0, 3: 1.0}
-    scripted_uniforms(monkeypatch, [0.45, 0.1, 0.1, 0.1])
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(3, lambda s: entropies[s.rounds]))
     c = cfg(n=2, mode="arpo", entropy_segment="latest")
-    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), c)
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), c, rng=ScriptedUniforms([0.45, 0.1, 0.1, 0.1]))
     t0, t1 = result.groups[0]
     delta = (3.0 - 1.0) / math.log(len(tiny_tokenizer))
     assert t0.rounds[0].branch_probability == pytest.approx(0.45 + 0.2 * delta)
@@ -190,20 +191,22 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer, monkeypatch):
     assert all(sid in engine.released for sid in engine.seqs)
 
 
-def test_slot_persistent_baseline_survives_calls(tiny_tokenizer, monkeypatch):
-    tree.reset_slot_baselines()
+def test_slot_persistent_baseline_survives_calls(tiny_tokenizer):
     c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent")
-    scripted_uniforms(monkeypatch, [0.0, 0.0])
-    run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c)
-    state = tree.slot_baselines_state()  # a checkpoint round trip keeps them too
-    tree.reset_slot_baselines()
-    tree.load_slot_baselines_state(state)
-    assert tree.slot_baselines_state() == state and state and set(state.values()) == {2.0}
-    scripted_uniforms(monkeypatch, [0.0, 0.0])
-    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c)
+    state = tree.RolloutState()
+    run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c, state=state,
+                rng=ScriptedUniforms([0.0, 0.0]))
+    resumed = tree.RolloutState()  # a checkpoint round trip keeps them too
+    resumed.load_state_dict(state.state_dict())
+    assert resumed == state and state.slot_baselines and set(state.slot_baselines.values()) == {2.0}
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c,
+                         state=resumed, rng=ScriptedUniforms([0.0, 0.0]))
     # slot 0's baseline is still the first call's 2.0, not this trajectory's own 5.0
     assert result.groups[0][0].rounds[0].branch_probability == pytest.approx(0.2 * 3.0 / math.log(len(tiny_tokenizer)))
-    tree.reset_slot_baselines()
+    # without a state to carry over, the call starts from empty baselines: ΔH = 0
+    fresh = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c,
+                        rng=ScriptedUniforms([0.0, 0.0]))
+    assert fresh.groups[0][0].rounds[0].branch_probability == 0.0
 
 
 def test_restarts_fill_the_budget_one_at_a_time(tiny_tokenizer):
@@ -347,15 +350,15 @@ def test_metrics(tiny_tokenizer):
     assert m["rollout/decode_tokens"] == 2 * sum(t.loss_mask)
 
 
-def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, monkeypatch, tmp_path):
+def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, tmp_path):
     import json
 
     from rich.console import Console
 
     from aepo_rl.rollout.cli import print_rollout, write_rollouts
 
-    scripted_uniforms(monkeypatch, [0.9, 0.2, 0.9, 0.52])
-    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(3)), prompts(tiny_tokenizer), tools(), cfg())
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(3)), prompts(tiny_tokenizer), tools(), cfg(),
+                         rng=ScriptedUniforms([0.9, 0.2, 0.9, 0.52]))
     write_rollouts(result.groups, tmp_path / "rollouts.jsonl")
     records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["traj_id"], r["parent_id"]) for r in records] == [(0, None), (1, 0), (2, 1), (3, 0)]

@@ -32,25 +32,22 @@ from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tools.base import Tool
 
-# §1.4 release quirk (entropy_baseline="slot_persistent"): the ΔH baseline of batch slot
-# prompt_index·n + traj_id is set the first time the slot is measured and never reset.
-_SLOT_BASELINES: dict[int, float] = {}
+@dataclass
+class RolloutState:
+    """What a tree rollout carries from one call to the next: the trainer owns it and saves it.
 
+    ``slot_baselines`` (§1.4 release quirk, ``entropy_baseline="slot_persistent"``): the ΔH
+    baseline of batch slot prompt_index·n + traj_id, set the first time the slot is measured
+    and never reset.
+    """
 
-def reset_slot_baselines() -> None:
-    """Forget the release-quirk baselines (tests; a fresh training process)."""
-    _SLOT_BASELINES.clear()
+    slot_baselines: dict[int, float] = field(default_factory=dict)
 
+    def state_dict(self) -> dict:
+        return {"slot_baselines": dict(self.slot_baselines)}
 
-def slot_baselines_state() -> dict[int, float]:
-    """A copy of the release-quirk baselines (§1.4), for a checkpoint."""
-    return dict(_SLOT_BASELINES)
-
-
-def load_slot_baselines_state(state: dict[int, float]) -> None:
-    """Replace the release-quirk baselines (§1.4) with those of :func:`slot_baselines_state` (resume)."""
-    _SLOT_BASELINES.clear()
-    _SLOT_BASELINES.update({int(slot): float(h) for slot, h in state.items()})
+    def load_state_dict(self, state: dict) -> None:
+        self.slot_baselines = {int(slot): float(h) for slot, h in state["slot_baselines"].items()}
 
 
 @dataclass
@@ -82,8 +79,9 @@ class _Live:
 
 class _TreeRollout:
     def __init__(self, engine: GenerationEngine, tools: dict[str, Tool], cfg: RolloutConfig,
-                 params: SamplingParams, rng: random.Random):
+                 params: SamplingParams, rng: random.Random, state: RolloutState):
         self.engine, self.tools, self.cfg, self.params, self.rng = engine, tools, cfg, params, rng
+        self.state = state
         self.tok = engine.tokenizer
         self.runner = ToolRunner(tools, cfg.tool_workers, cfg.tool_timeout)
         self.protocol = Protocol(tools, cfg.tool_format)
@@ -188,7 +186,7 @@ class _TreeRollout:
             point = x.shadow_point if latest else len(traj.response_token_ids)
             decided = traj.rounds[-2] if latest else traj.rounds[-1]
             if cfg.entropy_baseline == "slot_persistent":
-                base = _SLOT_BASELINES[x.group * n + traj.traj_id]
+                base = self.state.slot_baselines[x.group * n + traj.traj_id]
             else:
                 base = x.root_entropy
             delta = entropy_delta(h, base, cfg.entropy_measure, self.engine.vocab_size)
@@ -234,8 +232,9 @@ class _TreeRollout:
             gained: set[int] = set()
             if branching:
                 if cfg.entropy_baseline == "slot_persistent":
+                    baselines = self.state.slot_baselines
                     for x in live:
-                        _SLOT_BASELINES.setdefault(x.group * n + x.traj.traj_id, x.traj.rounds[-1].step_entropy)
+                        baselines.setdefault(x.group * n + x.traj.traj_id, x.traj.rounds[-1].step_entropy)
                 if latest:
                     candidates = [x for x in live if x.shadow is not None]
                 else:
@@ -286,13 +285,16 @@ def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
 
 def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], tools: dict[str, Tool],
                 cfg: RolloutConfig, *, validation: bool = False, sampling: SamplingParams | None = None,
-                seed: int | None = None) -> RolloutResult:
+                seed: int | None = None, state: RolloutState | None = None,
+                rng: random.Random | None = None) -> RolloutResult:
     """Roll out ``prompts`` (prompt_id, prompt token ids) into groups of n trajectories (§1).
 
     m = ``cfg.global_samples`` if set; else entropy pre-monitoring (§1.3) in aepo mode with
     ``cfg.premonitor``; else n // 2 (at least 1); n in independent mode. ``validation``: one
     trajectory per prompt, no branching, greedy unless ``sampling`` says otherwise. ``seed``
-    (default ``cfg.seed``) seeds the uniform draws U of §1.4.
+    (default ``cfg.seed``) seeds the uniform draws U of §1.4; ``rng`` (anything with ``random()``)
+    supplies them instead. ``state``: what carries over between calls (the trainer's, so the
+    release-quirk baselines persist across RL steps); default a fresh one.
     """
     for pid, ids in prompts:
         if not ids or len(ids) > cfg.max_prompt_length:
@@ -300,8 +302,10 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
                              f"{cfg.max_prompt_length} (raise that limit or shorten the prompt)")
     n = 1 if validation else cfg.n
     branching = not validation and cfg.mode in ("aepo", "arpo") and n > 1
-    tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, validation, sampling),
-                        random.Random(cfg.seed if seed is None else seed))
+    if rng is None:
+        rng = random.Random(cfg.seed if seed is None else seed)
+    tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, validation, sampling), rng,
+                        state if state is not None else RolloutState())
     counters_before = dict(engine.stats())
     t0 = time.perf_counter()
     try:

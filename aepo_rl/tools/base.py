@@ -9,7 +9,7 @@ prompts, parses and checks its calls.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from aepo_rl.registry import TOOLS, register_tool
 

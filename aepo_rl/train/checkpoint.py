@@ -6,8 +6,8 @@ complete, so ``checkpoints/step_<k>/`` exists only if step k was saved in full. 
 at any moment therefore loses at most the step in flight.
 
 A checkpoint holds the policy as a standard Hugging Face folder (``model/``) and
-``trainer_state.pt``: optimizer, lr scheduler, step, data order, the RNG states (python, numpy,
-torch, the engine's generator) and the metrics of every step so far.
+``trainer_state.pt``: optimizer, lr scheduler, step, data order, rollout state, the RNG states
+(python, numpy, torch, the engine's generator) and the metrics of every step so far.
 """
 
 from __future__ import annotations
@@ -96,8 +96,16 @@ def save_checkpoint(checkpoint_dir: str | Path, step: int, model, tokenizer, sta
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict:
-    """The ``trainer_state.pt`` of a checkpoint (our own file, so full unpickling is safe)."""
-    return torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
+    """The ``trainer_state.pt`` of a checkpoint (our own file, so full unpickling is safe).
+
+    Checkpoints written before the trainer owned its rollout state kept the release-quirk
+    baselines (§1.4) at the top level as ``slot_baselines``; they are moved to where the trainer
+    reads them now.
+    """
+    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
+    if "slot_baselines" in state:
+        state["trainer"].setdefault("rollout", {"slot_baselines": state.pop("slot_baselines")})
+    return state
 
 
 def remove_partial_checkpoints(checkpoint_dir: str | Path) -> None:

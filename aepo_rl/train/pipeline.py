@@ -35,10 +35,13 @@ from rich.table import Table
 
 from aepo_rl import registry
 from aepo_rl.config import Config, ConfigError, from_dict, to_dict, to_yaml
+from aepo_rl.engines import build_engine
+from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.logger import RunLogger
+from aepo_rl.train.rl import RLTrainer
 
 console = Console()
 
@@ -154,58 +157,68 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     ``{"<task>/<split>": {"pass@1", "pass@k", "k", "num_questions", ...}}``, also stored as
     ``eval.json["rl"]``. Raises :class:`RunInterrupted` after Ctrl-C.
     """
-    from aepo_rl.engines import build_engine
-    from aepo_rl.evaluate import evaluate
-    from aepo_rl.rollout import tree
-    from aepo_rl.train.rl import RLTrainer
-
     if not registry.ENGINES.capabilities(cfg.rollout.engine)["shares_weights"]:
         sharing = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]]
         raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
                           f"the policy's weights (a server would keep sampling the old policy): one of {sharing}")
     run_dir = Path(run_dir)
-    checkpoint_dir = run_dir / "checkpoints"
-    ckpt.remove_partial_checkpoints(checkpoint_dir)
     task = task or _get_task(cfg)
+    trainer, history = _rl_trainer(cfg, init_model_dir, run_dir / "checkpoints", task)
+    eval_examples = _eval_examples(cfg, task)
+    _rl_steps(cfg, trainer, run_dir, init_model_dir, history, eval_examples)
+    results = evaluate(trainer.engine, task, eval_examples, cfg, cfg.eval.split)
+    stored = _read_json(run_dir / "eval.json")
+    stored["rl"] = results
+    ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(stored, indent=2))
+    return results
+
+
+def _rl_trainer(cfg: Config, init_model_dir: str, checkpoint_dir: Path, task: Task) -> tuple[RLTrainer, list[dict]]:
+    """The trainer, fresh from ``init_model_dir`` or as it was at the newest complete checkpoint, and the
+    metrics of the steps done so far."""
+    ckpt.remove_partial_checkpoints(checkpoint_dir)
     latest = ckpt.latest_checkpoint(checkpoint_dir)
     state = ckpt.load_trainer_state(latest) if latest else None
-    random.seed(cfg.trainer.seed)  # before LoRA initialises its adapters; a resumed run restores its own state
-    np.random.seed(cfg.trainer.seed)
-    torch.manual_seed(cfg.trainer.seed)
-
-    if state is not None and state["adapter"] is not None:
-        # LoRA: the saved folder has the adapters merged; rebuild base + adapters exactly.
-        model, tokenizer = _load_policy_from(cfg, init_model_dir, task)
-        model = apply_lora(model, cfg.model)
-        model.load_state_dict(state["adapter"], strict=False)
-    else:
-        model, tokenizer = _load_policy_from(cfg, str(latest / "model") if latest else init_model_dir, task)
-        model = apply_lora(model, cfg.model)
+    model, tokenizer = _rl_policy(cfg, init_model_dir, latest, state["adapter"] if state else None, task)
     engine = build_engine(cfg, model, tokenizer)
     kl_on = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
     ref_model = _load_policy_from(cfg, init_model_dir, task)[0] if kl_on else None
     trainer = RLTrainer(cfg, model, tokenizer, task, engine, ref_model=ref_model)
+    if state is None:
+        return trainer, []
+    trainer.load_state_dict(state["trainer"])
+    ckpt.set_rng_state(state["rng"], engine)
+    console.print(f"resuming RL after step {trainer.global_step} from {latest}")
+    return trainer, state["metrics"]
 
-    # The release quirk entropy_baseline=slot_persistent (§1.4) keeps baselines across steps in the
-    # rollout module: start them empty, or as they were at the checkpoint.
-    tree.reset_slot_baselines()
-    history: list[dict] = []
-    if state is not None:
-        trainer.load_state_dict(state["trainer"])
-        ckpt.set_rng_state(state["rng"], engine)
-        tree.load_slot_baselines_state(state["slot_baselines"])
-        history = state["metrics"]
-        console.print(f"resuming RL after step {trainer.global_step} from {latest}")
 
-    def save() -> None:
-        adapter = ({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-                   if cfg.model.lora_rank > 0 else None)
-        state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(engine), "metrics": history,
-                 "init_model_dir": init_model_dir, "adapter": adapter, "slot_baselines": tree.slot_baselines_state()}
-        ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, tokenizer, state,
-                             keep=cfg.trainer.keep_checkpoints)
+def _rl_policy(cfg: Config, init_model_dir: str, latest: Path | None, adapter: dict | None, task: Task):
+    """The policy to train (with LoRA adapters when ``model.lora_rank`` > 0) and its tokenizer: the model
+    of ``latest`` (the newest checkpoint) or else ``init_model_dir``.
 
-    eval_examples = _eval_examples(cfg, task)
+    A LoRA checkpoint's folder holds the adapters merged into the weights, so base and ``adapter``
+    (the checkpoint's adapter weights) are rebuilt exactly instead.
+    """
+    random.seed(cfg.trainer.seed)  # before LoRA initialises its adapters; a resumed run restores its own state
+    np.random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    if adapter is not None:
+        model, tokenizer = _load_policy_from(cfg, init_model_dir, task)
+        model = apply_lora(model, cfg.model)
+        model.load_state_dict(adapter, strict=False)
+        return model, tokenizer
+    model, tokenizer = _load_policy_from(cfg, str(latest / "model") if latest else init_model_dir, task)
+    return apply_lora(model, cfg.model), tokenizer
+
+
+def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: str, history: list[dict],
+              eval_examples: list) -> None:
+    """RL steps up to ``trainer.steps``: log each, write its rollouts, evaluate every ``trainer.eval_every``
+    and checkpoint every ``trainer.save_every`` steps and at the end.
+
+    The first Ctrl-C finishes the step in flight, saves it and raises :class:`RunInterrupted`; a
+    second one aborts mid-step (the last complete checkpoint stays valid).
+    """
     with RunLogger(run_dir, total_steps=cfg.trainer.steps, history=history, tensorboard=cfg.trainer.tensorboard,
                    wandb_project=cfg.trainer.wandb_project, run_name=run_dir.name, config=to_dict(cfg),
                    console=console) as logger, StopOnSigint() as stop:
@@ -214,12 +227,13 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
                 metrics = trainer.step()
                 step = trainer.global_step
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
-                    for key, result in evaluate(engine, task, eval_examples, cfg, cfg.eval.split).items():
+                    for key, result in evaluate(trainer.engine, trainer.task, eval_examples, cfg,
+                                                cfg.eval.split).items():
                         metrics.update({f"eval/{key}/{name}": float(result[name]) for name in ("pass@1", "pass@k")})
                 history.append(logger.log(step, metrics))
                 _write_rollouts(run_dir, step, trainer.last_rollout)
                 if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps or stop.requested:
-                    save()
+                    _save_rl_checkpoint(cfg, trainer, run_dir / "checkpoints", init_model_dir, history)
                 if stop.requested:
                     raise RunInterrupted(step)
         except RunInterrupted:
@@ -228,11 +242,18 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
             console.print("[yellow]aborted mid-step; the last complete checkpoint is kept[/]")
             raise RunInterrupted(trainer.global_step) from None
 
-    results = evaluate(engine, task, eval_examples, cfg, cfg.eval.split)
-    stored = _read_json(run_dir / "eval.json")
-    stored["rl"] = results
-    ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(stored, indent=2))
-    return results
+
+def _save_rl_checkpoint(cfg: Config, trainer: RLTrainer, checkpoint_dir: Path, init_model_dir: str,
+                        history: list[dict]) -> None:
+    """``checkpoints/step_<k>``: the policy, the trainer's state, the RNG states, the metrics so far and,
+    with LoRA, the adapter weights."""
+    model = trainer.model
+    adapter = ({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+               if cfg.model.lora_rank > 0 else None)
+    state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(trainer.engine), "metrics": history,
+             "init_model_dir": init_model_dir, "adapter": adapter}
+    ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, trainer.tokenizer, state,
+                         keep=cfg.trainer.keep_checkpoints)
 
 
 class StopOnSigint:
@@ -264,9 +285,6 @@ class StopOnSigint:
 
 def evaluate_model(cfg: Config, model_dir: str, task: Task) -> dict:
     """``{"<task>/<split>": {"pass@1", "pass@k", "k", "num_questions", ...}}`` of the model in ``model_dir``."""
-    from aepo_rl.engines import build_engine
-    from aepo_rl.evaluate import evaluate
-
     model, tokenizer = _load_policy_from(cfg, model_dir, task)
     console.print(f"evaluating {model_dir} on {task.name}/{cfg.eval.split}")
     return evaluate(build_engine(cfg, model, tokenizer), task, _eval_examples(cfg, task), cfg, cfg.eval.split)

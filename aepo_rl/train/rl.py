@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
 import time
 import warnings
@@ -38,13 +37,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from aepo_rl import algorithms, registry
+from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
-from aepo_rl.rollout.tree import run_rollout
+from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
 
 
@@ -215,7 +216,7 @@ def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: 
 
 
 # ----------------------------------------------------------------------------------------------
-# Rewards and GiGPO anchors
+# Rewards
 
 
 def last_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -231,49 +232,27 @@ def last_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     return rewards
 
 
-def anchor_keys(trajectories: list[Trajectory], group_index: list[int], response_length: int) -> torch.Tensor:
-    """GiGPO anchor state of every response token (§4), [B, R] int64.
-
-    A state is an identical token prefix ending at a tool result (or the bare prompt for the
-    first round): the tokens of round k get the hash of (group, prompt + response tokens before
-    round k). Trajectories forked from one another share those prefixes, so their rounds fall
-    into the same anchor group. Hashes are computed incrementally, once per round.
-    """
-    keys = torch.full((len(trajectories), response_length), -1, dtype=torch.long)
-    for row, (traj, group) in enumerate(zip(trajectories, group_index)):
-        digest = hashlib.blake2b(np.asarray([group] + traj.prompt_token_ids, dtype=np.int64).tobytes(),
-                                 digest_size=8)
-        hashed_up_to = 0
-        starts = [r.start for r in traj.rounds] or [0]
-        for k, start in enumerate(starts):
-            digest.update(np.asarray(traj.response_token_ids[hashed_up_to:start], dtype=np.int64).tobytes())
-            hashed_up_to = start
-            key = int.from_bytes(digest.copy().digest(), "little") & (2**63 - 1)
-            end = starts[k + 1] if k + 1 < len(starts) else len(traj.response_token_ids)
-            keys[row, start:end] = key
-    return keys
-
-
 # ----------------------------------------------------------------------------------------------
 # Policy gradient over micro-batches
 
 
 @dataclass
-class Targets:
-    """Per-token [B, R] tensors fixed before the update: π_old, H_old, π_ref, Ã's base A."""
+class FixedTensors:
+    """Per-token [B, R] tensors the update holds fixed: log π_old, H_old, the advantages A
+    (the base of Ã, §2.2) and log π_ref (only with a KL term)."""
 
     old_log_probs: torch.Tensor
     old_entropy: torch.Tensor
-    advantages: torch.Tensor
+    advantages: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
 
 
-def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targets, cfg: Config,
+def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, cfg: Config,
                          policy_loss, *, on_policy: bool = False) -> dict[str, float]:
     """Backpropagate the loss of mini-batch ``rows`` micro-batch by micro-batch; returns its metrics.
 
     ``on_policy``: the policy has not moved since the rollout (first mini-batch of the first PPO
-    epoch), so π_old is this very forward, detached; it and H_old are written into ``targets``
+    epoch), so π_old is this very forward, detached; it and H_old are written into ``fixed``
     for later PPO epochs. This saves the old-log-prob pass over those rows.
 
     Micro-batches hold rows of similar length. Each micro-batch loss is weighted by
@@ -298,7 +277,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
     rows = by_length(batch, rows)
     stats = None
     if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats") and algo.entropy_adv_coef > 0:
-        stats = algorithms.entropy_stats(targets.old_entropy[rows], mask[rows], algo.entropy_adv_scope,
+        stats = algorithms.entropy_stats(fixed.old_entropy[rows], mask[rows], algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
     for positions in torch.split(torch.arange(len(rows)), cfg.trainer.micro_batch_size):
@@ -310,9 +289,9 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
                                                entropy_grad=algo.entropy_coeff > 0, temperature=train_temperature(cfg))
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
         if on_policy:
-            targets.old_log_probs[micro], targets.old_entropy[micro] = log_probs.detach(), entropy.detach()
+            fixed.old_log_probs[micro], fixed.old_entropy[micro] = log_probs.detach(), entropy.detach()
         loss, loss_metrics = policy_loss(
-            targets.old_log_probs[micro], log_probs, targets.advantages[micro], micro_mask,
+            fixed.old_log_probs[micro], log_probs, fixed.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo,
             entropy=entropy.detach() if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy") else None,
             entropy_stats=micro_stats,
@@ -321,7 +300,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
             loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode,
                                                    algo.loss_scale_factor)
         if algo.use_kl_loss:
-            kl = algorithms.kl_penalty(log_probs, targets.ref_log_probs[micro], algo.kl_loss_type)
+            kl = algorithms.kl_penalty(log_probs, fixed.ref_log_probs[micro], algo.kl_loss_type)
             kl_loss = algorithms.agg_loss(kl, micro_mask, algo.loss_agg_mode, algo.loss_scale_factor)
             loss = loss + algo.kl_loss_coef * kl_loss
             loss_metrics["actor/kl_loss"] = float(kl_loss.detach())
@@ -337,20 +316,16 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, targets: Targe
 
 
 def build_optimizer(cfg: Config, model) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters; lr constant or cosine, with linear warm-up (§2.4), per RL step."""
+    """AdamW over the trainable parameters and its lr schedule, stepped once per RL step (§2.4):
+    ``trainer.lr_schedule`` constant or cosine (to 0 at ``trainer.steps``) after
+    ``trainer.warmup_steps`` steps of linear warm-up (transformers' rule: lr·s/W at step s; 0 steps:
+    constant from the first step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
-    warmup, total, cosine = cfg.trainer.warmup_steps, max(1, cfg.trainer.steps), cfg.trainer.lr_schedule == "cosine"
-
-    def lr_factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if not cosine:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    warmup = cfg.trainer.warmup_steps
+    if cfg.trainer.lr_schedule == "cosine":
+        return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, max(1, cfg.trainer.steps))
+    return optimizer, get_constant_schedule_with_warmup(optimizer, warmup)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,7 +342,7 @@ class ScoredGroup:
 
 
 class RLTrainer:
-    """Policy, optimizer, data order and reference model of one RL run; :meth:`step` is one RL step."""
+    """Policy, optimizer, data order, rollout state and reference model of one RL run; :meth:`step` is one RL step."""
 
     def __init__(self, cfg: Config, model, tokenizer, task: Task, engine, *, ref_model=None):
         if cfg.algorithm.overlong_buffer_len > cfg.rollout.max_response_length:
@@ -380,9 +355,12 @@ class RLTrainer:
         self.tools = task.tools()
         self.prompt_ids: dict[str, list[int]] = {}
         self.data = DataOrder(len(self.examples), cfg.trainer.seed)
+        self.rollout_state = RolloutState()
         self.optimizer, self.scheduler = build_optimizer(cfg, model)
         self.policy_loss = algorithms.get_policy_loss(cfg.algorithm.policy_loss)
         self.advantage_estimator = algorithms.get_advantage_estimator(cfg.algorithm.adv_estimator)
+        self.estimator_takes_kl = registry.ADVANTAGE_ESTIMATORS.needs(cfg.algorithm.adv_estimator, "kl")
+        """REINFORCE++-style estimators subtract kl_coef·KL from the rewards themselves (§4)."""
         self.kl_on = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
         if self.kl_on and ref_model is None:
             ref_model = copy.deepcopy(model)
@@ -423,7 +401,7 @@ class RLTrainer:
             # One seed per (run seed, step, attempt): the rollout of a step does not depend on
             # what ran before it, which makes resume exact.
             seed = (cfg.rollout.seed * 1_000_003 + self.global_step) * 16 + attempt
-            result = run_rollout(self.engine, prompts, self.tools, cfg.rollout, seed=seed)
+            result = run_rollout(self.engine, prompts, self.tools, cfg.rollout, seed=seed, state=self.rollout_state)
             rollout_metrics.append(result.metrics)
             groups = [ScoredGroup(ex, trajs, [float(self.task.reward(ex, t.response_text)) for t in trajs])
                       for ex, trajs in zip(examples, result.groups)]
@@ -448,30 +426,56 @@ class RLTrainer:
         return kept, metrics
 
     def update(self, groups: list[ScoredGroup]) -> dict[str, float]:
-        """Rewards → advantages → PPO epochs over mini-batches; returns the step's metrics."""
-        cfg, algo = self.cfg, self.cfg.algorithm
+        """Old policy → rewards → advantages → PPO epochs over mini-batches; returns the step's metrics."""
         trajectories = [t for g in groups for t in g.trajectories]
         group_index = [i for i, g in enumerate(groups) for _ in g.trajectories]
         batch = collate(trajectories, group_index, self.tokenizer.pad_token_id)
-        mask = batch.response_mask
-        metrics: dict[str, float] = {}
+        scores = torch.tensor([s for g in groups for s in g.scores])
+        mini_batches = self._mini_batches(batch, len(groups))
 
-        # Mini-batches of whole prompt groups, for every PPO epoch.
-        mini_batches = [[torch.cat([torch.nonzero(batch.group_index == g).flatten()
-                                    for g in order[start:start + cfg.trainer.mini_batch_size]])
-                         for start in range(0, len(groups), cfg.trainer.mini_batch_size)]
-                        for order in (self._group_order(len(groups), e) for e in range(cfg.trainer.ppo_epochs))]
+        t0 = time.perf_counter()
+        fixed, first_on_policy = self._old_policy(batch, trajectories, mini_batches[0][0])
+        metrics = {"timing_s/old_log_prob": time.perf_counter() - t0}
+        token_rewards, kl = self._rewards(batch, scores, fixed)
+        if kl is not None:
+            metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask.bool()))
+        fixed.advantages = self._advantages(batch, token_rewards, kl, trajectories, group_index)
 
-        # Old policy = the rollout policy: one batched no-grad forward (log π_old, H_old). The first
-        # mini-batch of the first epoch is on-policy, so its training forward provides them, unless
-        # they are needed before the update (KL in the reward; mini-batch/group entropy statistics).
-        # H_old for the §2.2 mini-batch/group statistics: an engine that shares this model object (the
-        # HF engine) recorded, for every generated token, the full-vocabulary entropy of the untempered
-        # distribution of these very weights, i.e. exactly H_old of every row (tool tokens: 0, masked)
-        # — for every mini-batch, since the statistics always use π_old, also after optimizer steps —
-        # so they need no forward pass (nor bf16 autocast's rounding). Any other engine (a server)
-        # only approximates them, and with tempered log-probs H_old is the tempered entropy, so then
-        # the old-log-prob pass covers every row.
+        t0 = time.perf_counter()
+        metrics.update(self._ppo(batch, fixed, mini_batches, first_on_policy))
+        metrics["timing_s/update"] = time.perf_counter() - t0
+        trained_tokens = sum(int(batch.sequence_lengths[rows].sum()) for epoch in mini_batches for rows in epoch)
+        metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
+        metrics.update(self._batch_metrics(trajectories, batch, scores, token_rewards, fixed))
+        self.last_rollout = self._rollout_records(trajectories, scores, fixed.advantages, batch.response_mask)
+        return metrics
+
+    def _mini_batches(self, batch: Batch, num_groups: int) -> list[list[torch.Tensor]]:
+        """Row indices of every mini-batch (``trainer.mini_batch_size`` whole prompt groups), per PPO epoch."""
+        size = self.cfg.trainer.mini_batch_size
+        return [[torch.cat([torch.nonzero(batch.group_index == g).flatten() for g in order[start:start + size]])
+                 for start in range(0, num_groups, size)]
+                for order in (self._group_order(num_groups, e) for e in range(self.cfg.trainer.ppo_epochs))]
+
+    def _old_policy(self, batch: Batch, trajectories: list[Trajectory], first_mini_batch: torch.Tensor
+                    ) -> tuple[FixedTensors, bool]:
+        """log π_old and H_old of every row, and log π_ref when a KL term is on (§2.2, §2.4).
+
+        The old policy is the rollout policy: one batched no-grad forward. The first mini-batch of
+        the first PPO epoch is on-policy, so its own training forward, detached, can provide π_old
+        and this pass skips it, unless π_old is needed before the update: for the KL in the reward,
+        or for the mini-batch and group entropy statistics of §2.2 when the engine did not record
+        H_old. Returns the tensors (advantages not yet set) and whether that first mini-batch was
+        skipped.
+
+        An engine that shares this model object (the HF engine) recorded, for every generated
+        token, the full-vocabulary entropy of the untempered distribution of these very weights:
+        that is exactly H_old of every row (tool tokens: 0, masked), for every mini-batch, since
+        the statistics always use π_old, and it needs no forward pass (nor bf16 autocast's
+        rounding). A server engine only approximates it, and with tempered log-probs H_old is the
+        tempered entropy, so then the old-log-prob pass covers every row.
+        """
+        cfg, algo = self.cfg, self.cfg.algorithm
         temperature = train_temperature(cfg)
         engine = registry.ENGINES.capabilities(cfg.rollout.engine)
         engine_has_old_entropy = engine["shares_weights"] and "full" in engine["entropies"] and temperature == 1
@@ -481,65 +485,79 @@ class RLTrainer:
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
         if reuse_first:
-            needs_old_pass[mini_batches[0][0]] = False
-        t0 = time.perf_counter()
+            needs_old_pass[first_mini_batch] = False
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
                                                       cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
         if engine_has_old_entropy:
-            old_entropy = recorded(trajectories, "entropies", mask)
+            old_entropy = recorded(trajectories, "entropies", batch.response_mask)
         ref_log_probs = None
         if self.kl_on:
             ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows),
                                                 cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
-        metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
+        return FixedTensors(old_log_probs, old_entropy, ref_log_probs=ref_log_probs), reuse_first
 
-        # Rewards (§3, §4): score, DAPO overlong shaping, KL in the reward.
-        scores = torch.tensor([s for g in groups for s in g.scores])
+    def _rewards(self, batch: Batch, scores: torch.Tensor, fixed: FixedTensors
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, R] token-level rewards (§3, §4) and, when the KL goes in the reward, the per-token KL.
+
+        The score plus DAPO's overlong penalty sits on the last trained response token. With
+        ``algorithm.use_kl_in_reward`` the per-token k1 estimate log π_old − log π_ref (REINFORCE++,
+        §4) is returned too; it is subtracted here, kl_coef·kl_t from r_t (verl's apply_kl_penalty),
+        unless the advantage estimator takes ``kl`` and applies it itself.
+        """
+        algo, mask = self.cfg.algorithm, batch.response_mask
         shaped = scores.clone()
         if algo.overlong_buffer_len > 0:
             lengths = batch.sequence_lengths - batch.prompt_lengths
-            shaped = shaped + algorithms.overlong_penalty(lengths, cfg.rollout.max_response_length,
+            shaped = shaped + algorithms.overlong_penalty(lengths, self.cfg.rollout.max_response_length,
                                                           algo.overlong_buffer_len, algo.overlong_penalty_factor)
         token_rewards = last_token_rewards(shaped, mask)
-        extra = {}
-        if algo.use_kl_in_reward:
-            # Per-token k1 estimate log π_old − log π_ref (REINFORCE++, §4). An estimator that
-            # takes ``kl`` applies r_t − kl_coef·kl_t itself; for the others it is folded into
-            # the token rewards here (verl's apply_kl_penalty).
-            kl = algorithms.kl_penalty(old_log_probs, ref_log_probs, "k1") * mask
-            metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, mask.bool()))
-            if registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "kl"):
-                extra["kl"] = kl
-            else:
-                token_rewards = token_rewards - algo.kl_coef * kl
+        if not algo.use_kl_in_reward:
+            return token_rewards, None
+        kl = algorithms.kl_penalty(fixed.old_log_probs, fixed.ref_log_probs, "k1") * mask
+        if not self.estimator_takes_kl:
+            token_rewards = token_rewards - algo.kl_coef * kl
+        return token_rewards, kl
 
-        # Advantages (§2.1, §4), index = the prompt group of each row.
-        if registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "anchor_keys"):
+    def _advantages(self, batch: Batch, token_rewards: torch.Tensor, kl: torch.Tensor | None,
+                    trajectories: list[Trajectory], group_index: list[int]) -> torch.Tensor:
+        """[B, R] advantages from the configured estimator (§2.1, §4), index = the prompt group of each row."""
+        algo, mask = self.cfg.algorithm, batch.response_mask
+        extra = {}
+        if kl is not None and self.estimator_takes_kl:
+            extra["kl"] = kl
+        needs_anchor_keys = registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "anchor_keys")
+        if needs_anchor_keys:
             extra["anchor_keys"] = anchor_keys(trajectories, group_index, mask.shape[1])
         advantages, _returns = self.advantage_estimator(token_rewards, mask, batch.group_index, config=algo, **extra)
+        return advantages
 
-        targets = Targets(old_log_probs, old_entropy, advantages, ref_log_probs)
+    def _ppo(self, batch: Batch, fixed: FixedTensors, mini_batches: list[list[torch.Tensor]],
+             first_on_policy: bool) -> dict[str, float]:
+        """PPO epochs × mini-batches, one optimizer step each (§2.4); the mean of their metrics.
 
-        # PPO epochs × mini-batches × micro-batches.
-        t0 = time.perf_counter()
+        ``first_on_policy``: the first mini-batch's training forward provides its π_old and H_old.
+        """
         self.model.train()
         sums: dict[str, float] = {}
-        optimizer_steps, trained_tokens = 0, 0
+        optimizer_steps = 0
         for epoch, epoch_mini_batches in enumerate(mini_batches):
             for index, rows in enumerate(epoch_mini_batches):
-                on_policy = reuse_first and epoch == 0 and index == 0
-                step_metrics = self.optimizer_step(batch, rows, targets, on_policy=on_policy)
-                for key, value in step_metrics.items():
+                on_policy = first_on_policy and epoch == 0 and index == 0
+                for key, value in self.optimizer_step(batch, rows, fixed, on_policy=on_policy).items():
                     sums[key] = sums.get(key, 0.0) + value
                 optimizer_steps += 1
-                trained_tokens += int(batch.sequence_lengths[rows].sum())
         self.model.eval()
-        metrics.update({key: value / optimizer_steps for key, value in sums.items()})
-        metrics["timing_s/update"] = time.perf_counter() - t0
-        metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
-        if temperature == 1:  # the engine records untempered log-probs
+        return {key: value / optimizer_steps for key, value in sums.items()}
+
+    def _batch_metrics(self, trajectories: list[Trajectory], batch: Batch, scores: torch.Tensor,
+                       token_rewards: torch.Tensor, fixed: FixedTensors) -> dict[str, float]:
+        """Learning rate, scores, rewards, advantages and the rollout/training log-prob gap of the batch."""
+        mask, advantages = batch.response_mask, fixed.advantages
+        metrics = {}
+        if train_temperature(self.cfg) == 1:  # the engine records untempered log-probs
             rollout_log_probs = recorded(trajectories, "logprobs", mask)
-            metrics["rollout/logprob_abs_diff"] = float(masked_mean((targets.old_log_probs - rollout_log_probs).abs(),
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean((fixed.old_log_probs - rollout_log_probs).abs(),
                                                                     mask.bool()))
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
@@ -547,14 +565,13 @@ class RLTrainer:
         metrics["critic/advantages/mean"] = float(masked_mean(advantages, mask.bool()))
         metrics["critic/advantages/max"] = float(advantages[mask > 0].max()) if mask.any() else 0.0
         metrics["critic/advantages/min"] = float(advantages[mask > 0].min()) if mask.any() else 0.0
-        self.last_rollout = self._rollout_records(trajectories, scores, advantages, mask)
         return metrics
 
-    def optimizer_step(self, batch: Batch, rows: torch.Tensor, targets: Targets, *, on_policy: bool
+    def optimizer_step(self, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, *, on_policy: bool
                        ) -> dict[str, float]:
         """One mini-batch: accumulate its gradient over micro-batches, clip, AdamW step (§2.4)."""
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = accumulate_gradients(self.model, batch, rows, targets, self.cfg, self.policy_loss,
+        metrics = accumulate_gradients(self.model, batch, rows, fixed, self.cfg, self.policy_loss,
                                        on_policy=on_policy)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.trainer.grad_clip))
@@ -600,11 +617,13 @@ class RLTrainer:
 
     def state_dict(self) -> dict:
         return {"global_step": self.global_step, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "data_order": self.data.state_dict()}
+                "scheduler": self.scheduler.state_dict(), "data_order": self.data.state_dict(),
+                "rollout": self.rollout_state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.global_step = state["global_step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.load_state_dict(state["data_order"])
+        self.rollout_state.load_state_dict(state["rollout"])
 

@@ -5,7 +5,8 @@ A demonstration is the prompt followed by pieces of text in order: the teacher's
 tokenized on its own, exactly as the rollout sees it (model tokens, then the tool result's
 tokens appended), and the response ends with the EOS token ``<|im_end|>`` (trained). The
 loss is the token-mean cross-entropy over trained tokens only: prompt and tool-result tokens
-have loss mask 0 (§1.1). AdamW with linear warm-up then cosine decay to 0.
+have loss mask 0 (§1.1). AdamW with linear warm-up over the first ``sft.warmup_ratio`` of the
+steps, then cosine decay to 0: transformers' schedule, the warm-up rule of RL too (lr·s/W at step s).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from transformers import get_cosine_schedule_with_warmup
 
 from aepo_rl.models import apply_lora, encode_prompt
 
@@ -75,19 +77,6 @@ def batches_for_epoch(samples: list[SFTSample], batch_size: int, rng: random.Ran
         batches += [[samples[i] for i in chunk[k:k + batch_size]] for k in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
-
-
-def warmup_cosine(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
-    """LR multiplier at optimizer step s (0-based): (s+1)/W for s < W, then ½(1 + cos(π (s−W)/(S−W)))."""
-    warmup = round(warmup_ratio * total_steps)
-
-    def multiplier(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return multiplier
 
 
 def trained_logits(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +165,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=sft.weight_decay)
     steps_per_epoch = math.ceil(len(samples) / sft.batch_size)
     total_steps = steps_per_epoch * sft.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, sft.warmup_ratio))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(sft.warmup_ratio * total_steps), total_steps)
     losses: list[float] = []
     lrs: list[float] = []
     seen_tokens = trained_tokens = 0
