@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
 from aepo_rl.models import apply_lora, encode_prompt
+from aepo_rl.protocol import ANSWER, ANSWER_CLOSE
 
 if TYPE_CHECKING:
     from aepo_rl.config import Config
@@ -114,7 +115,7 @@ def token_accuracy(model, samples: list[SFTSample], tokenizer, batch_size: int, 
     was_training = model.training
     model.eval()
     vocab = tokenizer.get_vocab()
-    open_id, close_id = vocab.get("<answer>"), vocab.get("</answer>")
+    open_id, close_id = vocab.get(f"<{ANSWER}>"), vocab.get(ANSWER_CLOSE)
     hits = count = answers_right = answers = 0
     for start in range(0, len(samples), batch_size):
         batch = collate(samples[start:start + batch_size], tokenizer.pad_token_id)
