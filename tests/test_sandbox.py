@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from aepo_rl.config import Config
+from aepo_rl.tasks.common import ToolOptions, build_tools
 from aepo_rl.tools import get_tool
 from aepo_rl.tools.python import ISOLATION_MODES
 
@@ -253,3 +255,11 @@ def test_pool_bounds_concurrency():
     assert tool.stats["peak_concurrency"] == 2
     assert time.monotonic() - start >= 1.2  # two waves of 0.6 s
     assert threading.active_count() < 50
+
+
+def test_rollout_sandbox_write_mb_sizes_the_private_tmp():
+    cfg = Config()
+    cfg.rollout.sandbox_write_mb = 3
+    tool = build_tools(cfg.task, allowed=("python",), options=ToolOptions.from_config(cfg))["python"]
+    require_private_filesystem(tool)
+    assert tool.run("import os\nst = os.statvfs('/tmp')\nst.f_blocks * st.f_frsize") == str(3 << 20)
