@@ -116,6 +116,9 @@ class RolloutConfig:
     tool_format: str = knob("xml", "Tool-call format: the release's XML tags or Hermes <tool_call>{json}</tool_call>.", choices=("xml", "hermes"))
     tool_timeout: float = knob(10.0, "Per-call tool timeout in seconds.", gt=0)
     tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
+    sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp (also its working "
+                                     "directory, /var/tmp and /dev/shm) is a tmpfs of this size, gone after the call "
+                                     "(isolation 'bubblewrap', see docs/tools.md).", ge=1)
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")

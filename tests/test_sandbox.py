@@ -4,7 +4,9 @@ and come back as clean text within seconds."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -12,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from aepo_rl.config import Config
+from aepo_rl.tasks.common import ToolOptions, build_tools
 from aepo_rl.tools import get_tool
 from aepo_rl.tools.python import ISOLATION_MODES
 
@@ -27,7 +31,13 @@ def python_tool():
 
 
 def drops_privileges(tool) -> bool:
-    return tool.isolation in ("namespaces", "nobody")
+    return tool.isolation in ("namespaces", "nobody") or (tool.isolation == "bubblewrap" and os.geteuid() == 0)
+
+
+def require_private_filesystem(tool) -> None:
+    if tool.isolation != "bubblewrap":
+        pytest.skip(f"isolation '{tool.isolation}' has no private filesystem (bubblewrap is missing or does "
+                    "not work here): the code shares the host's /tmp, /var/tmp, /dev/shm and unix sockets")
 
 
 def test_isolation_mode_is_reported(python_tool):
@@ -61,10 +71,13 @@ def test_errors_come_back_as_a_short_traceback(python_tool):
 
 
 def test_fresh_empty_directory_removed_afterwards(python_tool):
-    text = python_tool.run("import os\nopen('note.txt', 'w').write('hi')\nprint(os.getcwd())\nsorted(os.listdir('.'))")
+    note = f"note-{uuid.uuid4().hex[:8]}.txt"
+    text = python_tool.run(f"import os\nopen({note!r}, 'w').write('hi')\nprint(os.getcwd())\nsorted(os.listdir('.'))")
     workdir, listing = text.splitlines()
-    assert listing == "['note.txt']"
-    assert not os.path.exists(workdir)
+    assert listing == repr([note])
+    assert not os.path.exists(os.path.join(workdir, note))
+    if python_tool.isolation != "bubblewrap":  # there the directory is the call's own tmpfs /tmp
+        assert not os.path.exists(workdir)
     assert python_tool.run("import os; os.listdir('.')") == "[]"
 
 
@@ -139,11 +152,13 @@ def test_network_is_unreachable(python_tool):
 
 
 @pytest.mark.parametrize("mode, refusal", [
+    ("bubblewrap", "ConnectionRefusedError: [Errno 111] Connection refused"),  # its own loopback only
+    ("namespaces", "OSError: [Errno 101] Network is unreachable"),
     ("user-namespace", "OSError: [Errno 101] Network is unreachable"),
     ("nobody", "PermissionError: network access is disabled in the sandbox"),
     ("none", "PermissionError: network access is disabled in the sandbox"),
 ])
-def test_fallback_isolation_modes_still_block_the_network(mode, refusal):
+def test_every_isolation_mode_blocks_the_network(mode, refusal):
     tool = sandbox(isolation=mode)
     if tool.run("6 * 7") != "42":
         pytest.skip(f"isolation '{mode}' does not work on this host")
@@ -151,13 +166,66 @@ def test_fallback_isolation_modes_still_block_the_network(mode, refusal):
 
 
 def test_writing_outside_its_directory_fails(python_tool, tmp_path):
-    if not drops_privileges(python_tool):
+    if not drops_privileges(python_tool) and python_tool.isolation != "bubblewrap":
         pytest.skip(f"isolation '{python_tool.isolation}' keeps the host user's file permissions")
     os.chmod(tmp_path, 0o755)
     for target in ["/etc/aepo_sandbox_probe", str(tmp_path / "escaped.txt"), os.path.join(os.getcwd(), "escaped.txt")]:
         text = python_tool.run(f"open({target!r}, 'w').write('x')")
-        assert text.endswith(f"PermissionError: [Errno 13] Permission denied: {target!r}")
+        refusals = [f"PermissionError: [Errno 13] Permission denied: {target!r}"]
+        if python_tool.isolation == "bubblewrap":  # /etc is mounted read-only, the rest is not there
+            refusals += [f"OSError: [Errno 30] Read-only file system: {target!r}",
+                         f"FileNotFoundError: [Errno 2] No such file or directory: {target!r}"]
+        assert text.splitlines()[-1] in refusals
         assert not os.path.exists(target)
+
+
+def test_host_unix_sockets_are_unreachable(python_tool):
+    require_private_filesystem(python_tool)
+    folder = tempfile.mkdtemp(prefix="aepo-socket-", dir="/tmp")  # world-writable, like /tmp itself
+    listeners = []
+    try:
+        os.chmod(folder, 0o777)
+        path = os.path.join(folder, "listener.sock")
+        abstract = f"\0aepo-test-{uuid.uuid4().hex}"
+        for address in [path, abstract]:
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(address)
+            listener.listen()
+            listener.settimeout(0.5)
+            listeners.append(listener)
+        os.chmod(path, 0o777)
+        for address, refusal in [(path, "FileNotFoundError"), (abstract, "ConnectionRefusedError")]:
+            text = python_tool.run(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({address!r})\n"
+                                   "s.sendall(b'escaped')")
+            assert text.splitlines()[-1].startswith(refusal + ":"), text
+        for listener in listeners:
+            with pytest.raises(TimeoutError):
+                listener.accept()  # nothing reached the host
+    finally:
+        for listener in listeners:
+            listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_nothing_written_outlives_the_call(python_tool):
+    require_private_filesystem(python_tool)
+    name = f"aepo-left-{uuid.uuid4().hex[:8]}"
+    paths = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", name]
+    write = f"for path in {paths!r}:\n    open(path, 'w').write('x' * 1000)\nimport os\n[os.path.getsize(p) for p in {paths!r}]"
+    assert python_tool.run(write) == "[1000, 1000, 1000, 1000]"
+    assert python_tool.run(f"import os\n[os.path.exists(p) for p in {paths!r}]") == "[False, False, False, False]"
+    assert not [path for path in paths[:3] if os.path.exists(path)]  # nor on the host
+
+
+def test_total_write_cap():
+    tool = sandbox(write_mb=4, max_file_mb=16)
+    require_private_filesystem(tool)
+    code = ("for path in ['/tmp/a', '/var/tmp/b', '/dev/shm/c', 'd']:\n"
+            "    with open(path, 'wb') as f:\n        f.write(b'x' * (3 << 19))\n    print(path)")
+    text = tool.run(code)
+    assert text.splitlines()[:2] == ["/tmp/a", "/var/tmp/b"]  # 3 MB written; the third 1.5 MB file fails
+    assert text.endswith("OSError: [Errno 28] No space left on device")
+    assert tool.run("open('e', 'wb').write(b'x' * (3 << 20))") == str(3 << 20)  # the next call starts empty
 
 
 def test_killing_the_parent_or_host_leaves_the_host_running(python_tool):
@@ -187,3 +255,11 @@ def test_pool_bounds_concurrency():
     assert tool.stats["peak_concurrency"] == 2
     assert time.monotonic() - start >= 1.2  # two waves of 0.6 s
     assert threading.active_count() < 50
+
+
+def test_rollout_sandbox_write_mb_sizes_the_private_tmp():
+    cfg = Config()
+    cfg.rollout.sandbox_write_mb = 3
+    tool = build_tools(cfg.task, allowed=("python",), options=ToolOptions.from_config(cfg))["python"]
+    require_private_filesystem(tool)
+    assert tool.run("import os\nst = os.statvfs('/tmp')\nst.f_blocks * st.f_frsize") == str(3 << 20)

@@ -213,7 +213,7 @@ def test_get_task_passes_cache_dir_and_the_rollouts_tool_limits_to_the_tools(tmp
     calls = {}
     monkeypatch.setattr(common, "get_tool", lambda name, **kwargs: calls.setdefault(name, kwargs))
     cfg = load_config(overrides={**{f"task.{k}": v for k, v in SMALL.items()}, "model.cache_dir": str(tmp_path),
-                                 "rollout.tool_timeout": 5.0, "rollout.tool_workers": 3})
+                                 "rollout.tool_timeout": 5.0, "rollout.tool_workers": 3, "rollout.sandbox_write_mb": 5})
     get_task(cfg).tools()
     assert calls["search"]["cache_dir"] == str(tmp_path)
-    assert calls["python"] == {"timeout": 4.0, "pool_size": 3}  # 0.8 × tool_timeout: the sandbox reports first
+    assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5}  # 0.8 × tool_timeout: the sandbox reports first

@@ -48,11 +48,14 @@ class ToolOptions:
     cache_dir: str
     python_timeout: float
     python_workers: int
+    python_write_mb: int
 
     @classmethod
     def from_config(cls, cfg: Config) -> ToolOptions:
-        """``model.cache_dir``; ``rollout.tool_timeout`` × SANDBOX_TIMEOUT_SHARE; ``rollout.tool_workers``."""
-        return cls(cfg.model.cache_dir, SANDBOX_TIMEOUT_SHARE * cfg.rollout.tool_timeout, cfg.rollout.tool_workers)
+        """``model.cache_dir``; ``rollout.tool_timeout`` × SANDBOX_TIMEOUT_SHARE; ``rollout.tool_workers``;
+        ``rollout.sandbox_write_mb``."""
+        return cls(cfg.model.cache_dir, SANDBOX_TIMEOUT_SHARE * cfg.rollout.tool_timeout, cfg.rollout.tool_workers,
+                   cfg.rollout.sandbox_write_mb)
 
 
 def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
@@ -73,5 +76,6 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
                                  "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
             tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir)
     if "python" in allowed:
-        tools["python"] = get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers)
+        tools["python"] = get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers,
+                                   write_mb=options.python_write_mb)
     return tools

@@ -5,8 +5,15 @@ Each call runs ``python -I -u`` in a fresh process group, in a new empty tempora
 size and processes, a wall-clock timeout that kills the whole group, and output read up to a
 cap. As in the release (docs/algorithm.md §1.1), a final expression statement is printed.
 
-Isolation is probed once and the strongest working mode is used (``tool.isolation``):
+Isolation is probed once and the strongest working mode is used (``tool.isolation``); a weaker
+mode logs a warning naming the protections it lacks:
 
+- ``bubblewrap`` (``bwrap`` works; root or unprivileged user namespaces): new network, pid, ipc
+  and mount namespaces with a private root in which only ``/usr``, ``/etc`` and the Python
+  install are visible, all read-only; ``/tmp`` is a new tmpfs of ``write_mb`` MB — the working
+  directory, ``HOME`` and ``TMPDIR`` — and ``/var/tmp`` and ``/dev/shm`` link to it, so nothing
+  written outlives the call, the total written is capped, and no host unix socket (path or
+  abstract) can be reached. Under root the code also runs as ``nobody``.
 - ``namespaces`` (root with ``unshare``): new network, pid and mount namespaces; the code runs
   as ``nobody`` (``setpriv``), sees an empty ``/root`` except the Python install, and dies with
   its whole pid namespace when killed.
@@ -15,6 +22,9 @@ Isolation is probed once and the strongest working mode is used (``tool.isolatio
   pid namespace; the code keeps the host user's file permissions.
 - ``none``: same user, network blocked at Python level only (socket module patched) — it cannot
   stop determined code, so use a container or root for untrusted models.
+
+Every mode but ``bubblewrap`` runs the code in a new temporary directory of the host (removed
+afterwards) and shares the host's ``/tmp``, ``/var/tmp``, ``/dev/shm`` and unix sockets.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -72,7 +83,16 @@ except BaseException as error:
     sys.exit(1)
 """
 
-ISOLATION_MODES = ("namespaces", "nobody", "user-namespace", "none")
+ISOLATION_MODES = ("bubblewrap", "namespaces", "nobody", "user-namespace", "none")
+_LOST = {  # what each fallback mode lacks compared with ``bubblewrap``, for the one-time warning
+    "namespaces": "a private filesystem",
+    "nobody": "a private filesystem, the network namespace (Python-level blocking only) and a private pid namespace",
+    "user-namespace": "a private filesystem and the switch to 'nobody' (the code has your user's file permissions)",
+    "none": "a private filesystem, the network namespace (Python-level blocking only), a private pid "
+            "namespace and any user switch",
+}
+_PRIVATE_DIR = "/tmp"  # inside the bubblewrap view: the call's own tmpfs (also /var/tmp and /dev/shm)
+_DEVICES = ("null", "zero", "full", "random", "urandom")
 _PROBED: dict[tuple, str] = {}
 _PROBE_LOCK = threading.Lock()
 
@@ -96,13 +116,14 @@ class PythonSandbox:
     def __init__(self, timeout: float = 8.0, cpu_seconds: int | None = None, memory_mb: int = 512,
                  max_file_mb: int = 16, max_processes: int = 32, max_output_bytes: int = 8192,
                  max_code_chars: int = 100_000, pool_size: int = 8, user: str = "nobody",
-                 isolation: str = "auto"):
+                 isolation: str = "auto", write_mb: int = 64):
         if isolation != "auto" and isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be 'auto' or one of {ISOLATION_MODES}, got {isolation!r}")
         self.timeout = timeout
         self.cpu_seconds = cpu_seconds or max(1, int(timeout + 0.999))
         self.memory_bytes = memory_mb << 20
         self.file_bytes = max_file_mb << 20
+        self.write_bytes = write_mb << 20
         self.max_processes = max_processes
         self.max_output_bytes = max_output_bytes
         self.max_code_chars = max_code_chars
@@ -135,15 +156,16 @@ class PythonSandbox:
     # -- one call ------------------------------------------------------------------------------
 
     def _execute(self, code: str, mode: str, timeout: float) -> str:
-        drops_user = mode in ("namespaces", "nobody")
-        workdir = tempfile.mkdtemp(prefix="aepo-python-")
-        staging = tempfile.mkdtemp(prefix="aepo-mounts-")  # root-only: bind mounts pass through it
+        private = mode == "bubblewrap"  # the code's directory is a tmpfs of its own: nothing to clean
+        workdir = _PRIVATE_DIR if private else tempfile.mkdtemp(prefix="aepo-python-")
+        staging = "" if private else tempfile.mkdtemp(prefix="aepo-mounts-")  # root-only: bind mounts pass through it
         try:
-            if drops_user:
+            if self._drops_user(mode) and not private:
                 os.chown(workdir, self.user.pw_uid, self.user.pw_gid)
             command = self._command(mode, workdir, staging)
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    cwd=workdir, env=_minimal_env(workdir), start_new_session=True, close_fds=True)
+                                    cwd="/" if private else workdir, env=_minimal_env(workdir),
+                                    start_new_session=True, close_fds=True)
             try:
                 output, truncated, timed_out = self._collect(proc, code, timeout)
             finally:
@@ -151,10 +173,11 @@ class PythonSandbox:
                 proc.wait()
                 proc.stdout.close()
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-            shutil.rmtree(staging, ignore_errors=True)
+            if not private:
+                shutil.rmtree(workdir, ignore_errors=True)
+                shutil.rmtree(staging, ignore_errors=True)
         signum = -proc.returncode if proc.returncode < 0 else 0
-        if mode == "namespaces" and proc.returncode > 128:
+        if mode in ("bubblewrap", "namespaces") and proc.returncode > 128:  # their init reports 128 + signal
             signum = proc.returncode - 128
         return self._report(output, truncated, timed_out, proc.returncode, signum)
 
@@ -164,6 +187,8 @@ class PythonSandbox:
         python = [self.python, "-I", "-u", "-c", RUNNER, *limits]
         as_user = [_which("setpriv"), f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
                    "--clear-groups", "--no-new-privs", "--"]
+        if mode == "bubblewrap":
+            return self._bubblewrap() + (as_user if self._drops_user(mode) else []) + python
         if mode == "namespaces":
             # sh stays pid 1 of the new pid namespace (the kernel shields a namespace's init from
             # signals such as SIGXCPU), so python runs as its child and sh reports 128 + signal.
@@ -180,10 +205,44 @@ class PythonSandbox:
             return [_which("unshare"), "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--", *python]
         return python
 
+    def _bubblewrap(self) -> list[str]:
+        """``bwrap`` arguments up to ``--``: new namespaces (a user namespace unless root) and a
+        private root holding read-only ``/usr``, ``/etc`` and the Python install, the basic
+        devices, a fresh ``/proc`` and one ``write_mb`` tmpfs at ``/tmp`` that ``/var/tmp`` and
+        ``/dev/shm`` link to; everything else of the root is read-only."""
+        args = [_which("bwrap"), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent"]
+        if os.geteuid() != 0:
+            args.append("--unshare-user")
+        for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):  # merged-/usr links or directories
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for root in _outermost(_python_install_roots(self.python)):
+            if not any(root == top or root.startswith(top + os.sep) for top in ("/usr", "/etc")):
+                for ancestor in reversed(Path(root).parents[:-1]):  # traversable, unlike e.g. /root
+                    args += ["--perms", "0755", "--dir", str(ancestor)]
+                args += ["--ro-bind", root, root]
+        args += ["--proc", "/proc", "--perms", "0755", "--dir", "/dev"]
+        for device in _DEVICES:
+            args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            args += ["--symlink", target, f"/dev/{name}"]
+        return args + ["--size", str(self.write_bytes), "--perms", "1777", "--tmpfs", _PRIVATE_DIR,
+                       "--perms", "0755", "--dir", "/var", "--symlink", _PRIVATE_DIR, "/var/tmp",
+                       "--symlink", _PRIVATE_DIR, "/dev/shm", "--remount-ro", "/", "--chdir", _PRIVATE_DIR, "--"]
+
+    def _drops_user(self, mode: str) -> bool:
+        """Whether the code runs as ``self.user`` (only root can switch)."""
+        return mode in ("namespaces", "nobody") or (mode == "bubblewrap" and os.geteuid() == 0)
+
     def _process_limit(self, mode: str) -> int:
         """RLIMIT_NPROC counts every process of the real user: ``nobody`` starts near zero,
         the host user already owns some."""
-        if mode in ("namespaces", "nobody"):
+        if self._drops_user(mode):
             return self.max_processes
         return _tasks_of_user(os.getuid()) + self.max_processes
 
@@ -233,10 +292,14 @@ class PythonSandbox:
         key = (os.geteuid(), self.user.pw_uid, self.python)
         with _PROBE_LOCK:
             if key not in _PROBED:
-                _PROBED[key] = next(mode for mode in _candidate_modes() if self._works(mode))
-                if _PROBED[key] == "none":
-                    log.warning("python sandbox: no namespaces and no user switch available; "
-                                "only Python-level network blocking is active")
+                _PROBED[key] = mode = next(mode for mode in _candidate_modes() if self._works(mode))
+                if mode == "bubblewrap":
+                    log.info("python sandbox: isolation 'bubblewrap' (private filesystem, no network)")
+                else:
+                    log.warning("python sandbox: bubblewrap is missing or does not work here (install the "
+                                "'bubblewrap' package); isolation '%s' lacks %s: the code can reach host unix "
+                                "sockets, and what it writes to /tmp, /var/tmp and /dev/shm outlives the call "
+                                "(each file capped, the total not)", mode, _LOST[mode])
         return _PROBED[key]
 
     def _works(self, mode: str) -> bool:
@@ -251,11 +314,12 @@ class PythonSandbox:
 
 
 def _candidate_modes() -> list[str]:
-    have = {tool: shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin") for tool in ("unshare", "setpriv", "mount")}
+    have = {tool: shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin") for tool in ("bwrap", "unshare", "setpriv", "mount")}
     if os.geteuid() == 0:
-        modes = ["namespaces"] if all(have.values()) else []
+        modes = (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (
+            ["namespaces"] if have["unshare"] and have["setpriv"] and have["mount"] else [])
         return modes + (["nobody"] if have["setpriv"] else []) + ["none"]
-    return (["user-namespace"] if have["unshare"] else []) + ["none"]
+    return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else []) + ["none"]
 
 
 def _which(tool: str) -> str:
@@ -283,8 +347,7 @@ def _expose_python_script(staging: str) -> str:
 
 def _blocked_python_paths() -> dict[str, list[str]]:
     """{shallowest ancestor others cannot traverse: [import roots under it]}."""
-    roots = {os.path.realpath(p) for p in [sys.base_prefix, sys.prefix, *sys.path] if p and os.path.isdir(p)}
-    roots = sorted(r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots))
+    roots = _outermost([sys.base_prefix, sys.prefix, *sys.path])
     blocked: dict[str, list[str]] = {}
     for root in roots:
         for ancestor in reversed(Path(root).parents):
@@ -292,6 +355,19 @@ def _blocked_python_paths() -> dict[str, list[str]]:
                 blocked.setdefault(str(ancestor), []).append(root)
                 break
     return blocked
+
+
+def _python_install_roots(python: str) -> list[str]:
+    """Where the interpreter and its imports live: the executable's folder, the (virtual
+    environment's and base) prefixes and the site-packages folders — not the host's other
+    ``sys.path`` entries such as the current project."""
+    return [os.path.dirname(python), sys.base_prefix, sys.prefix, *site.getsitepackages()]
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """The existing directories among ``paths`` (resolved), without those inside another one."""
+    roots = {os.path.realpath(p) for p in paths if p and os.path.isdir(p)}
+    return sorted(r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots))
 
 
 def _minimal_env(workdir: str) -> dict[str, str]:
