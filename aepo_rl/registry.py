@@ -19,8 +19,8 @@ unknown one is an error at registration. Config fields that name an entry (``alg
 ``task.reward``, ``rollout.engine``, ...) accept exactly the registered names.
 
 The built-in entries of a registry are registered by importing its ``builtins`` module, which
-happens on the first read. This module imports only the standard library, so a plugin can import it
-cheaply.
+happens on the first read. This module imports only the standard library (and ``aepo_rl.errors``,
+which does too), so a plugin can import it cheaply.
 
 Plugins: ``aepo --plugin my_pkg.my_loss --plugin ./my_task.py train ...`` imports those modules
 (and every module of the ``aepo_rl.plugins`` entry-point group) before the config is validated;
@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aepo_rl.errors import UserError
+
 ENTRY_POINT_GROUP = "aepo_rl.plugins"
 
 
@@ -49,7 +51,7 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0])
 
 
-class PluginError(ImportError):
+class PluginError(UserError, ImportError):
     """A plugin module could not be imported; the message names the plugin and where it failed."""
 
 
