@@ -19,6 +19,15 @@ class UserError(Exception):
     message names it and the fix."""
 
 
+class MissingExtraError(UserError, ModuleNotFoundError):
+    """An optional dependency is not installed; the message names the ``pip install 'aepo-rl[extra]'`` to run."""
+
+
+class EndpointError(UserError, ConnectionError):
+    """A server the user named (``--endpoint``, ``rollout.engine_url``, ``task.judge_url``) is unreachable or
+    refused the request; the message names its URL and how to start it."""
+
+
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _NOT_ALLOWED = {errno.EACCES, errno.EPERM, errno.EROFS}
 _NOT_FOUND = {errno.ENOENT, errno.ENOTDIR}

@@ -29,6 +29,7 @@ from typing import Callable
 import httpx
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.errors import UserError
 from aepo_rl.jsonl import read_jsonl
 from aepo_rl.registry import REWARDS, register_reward
 
@@ -231,7 +232,7 @@ def math_reward(response: str, answers: list[str], question: str = "") -> float:
     return 0.0
 
 
-class JudgeUnavailableError(RuntimeError):
+class JudgeUnavailableError(UserError, RuntimeError):
     """The LLM judge endpoint could not be reached or answered with an error."""
 
 
