@@ -43,10 +43,11 @@ def os_error_message(err: OSError) -> str | None:
     if err.errno is None:
         return str(err) if isinstance(err, (FileNotFoundError, FileExistsError, NotADirectoryError,
                                             IsADirectoryError, PermissionError)) else None
+    if err.errno in _DISK_FULL:
+        where = f" writing {path}" if path is not None else ""
+        return f"disk full{where} ({err.strerror}): free some space or write somewhere else (trainer.run_dir, --out)"
     if path is None:
         return None
-    if err.errno in _DISK_FULL:
-        return f"disk full writing {path}: free some space or write somewhere else"
     if err.errno in _NOT_ALLOWED:
         return (f"cannot write {path}: permission denied; choose a folder you can write to "
                 "(trainer.run_dir, --out) or change its permissions")
