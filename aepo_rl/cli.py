@@ -7,15 +7,23 @@ their modules lazily so that ``aepo config show`` stays instant.
 ``--plugin MODULE_OR_FILE.py`` (repeatable, before or after the subcommand) imports your own
 losses, estimators, tools, tasks, rewards or engines before the config is validated, as do the
 modules of the ``aepo_rl.plugins`` entry-point group (``docs/extending.md``).
+
+A mistake in what the user gave (:class:`aepo_rl.errors.UserError`, or a disk-full / permission /
+missing-path OSError) prints one line naming the file, line or key and the fix, and exits with
+status 2; any other exception is an internal error (status 1) whose traceback ``--debug`` (or the
+environment variable ``AEPO_DEBUG=1``) shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from aepo_rl import __version__
 from aepo_rl.config import PRESETS, ConfigError, load_config
-from aepo_rl.registry import PluginError, load_plugins
+from aepo_rl.errors import UserError, check_writable, os_error_message
+from aepo_rl.registry import load_plugins
 
 
 def _config_args(parser: argparse.ArgumentParser, default_preset: str = "aepo") -> None:
@@ -29,20 +37,33 @@ def _config(args: argparse.Namespace, extra: dict | None = None):
     return load_config(args.preset, args.config_file, [f"{k}={v}" for k, v in (extra or {}).items()] + overrides)
 
 
+def _check_out(out: str | None, cfg) -> None:
+    """Fail now, not after the work, when the output folder (``--out``, else under trainer.run_dir) is unwritable."""
+    if out:
+        check_writable(out, "--out")
+    else:
+        check_writable(cfg.trainer.run_dir, "trainer.run_dir")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from aepo_rl.train.pipeline import train_main
 
     if args.resume:
         if args.overrides or args.config_file or args.preset != "aepo":
             raise ConfigError("--resume continues a run with its own config.yaml; drop --preset, --config and overrides")
+        check_writable(args.resume, "--resume")
         return train_main(None, resume=args.resume)
-    return train_main(_config(args))
+    cfg = _config(args)
+    check_writable(cfg.trainer.run_dir, "trainer.run_dir")
+    return train_main(cfg)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from aepo_rl.train.sft import sft_main
 
-    return sft_main(_config(args), out_dir=args.out)
+    cfg = _config(args)
+    _check_out(args.out, cfg)
+    return sft_main(cfg, out_dir=args.out)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -66,7 +87,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name in presets:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset '{name}' in --presets; presets: {', '.join(PRESETS)}")
-    return compare_main(_config(args), presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out)
+    cfg = _config(args)
+    _check_out(args.out, cfg)
+    return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -75,7 +98,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     extra = {"task.name": args.task} if args.task else {}
     if args.model:
         extra["model.path"] = args.model
-    return rollout_main(_config(args, extra), num_prompts=args.num_prompts, out_dir=args.out,
+    cfg = _config(args, extra)
+    check_writable(args.out, "--out")
+    return rollout_main(cfg, num_prompts=args.num_prompts, out_dir=args.out,
                         random_model=args.model is None)
 
 
@@ -88,6 +113,8 @@ def cmd_serve_search(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from aepo_rl.report import report_main
 
+    if args.out:
+        check_writable(args.out, "--out")
     return report_main(args.runs, out_dir=args.out)
 
 
@@ -122,13 +149,36 @@ PLUGIN_HELP = ("import this module (my_pkg.my_loss) or .py file before the confi
                "estimators, tools, tasks, rewards and engines it registers can be named; repeatable")
 
 
+DEBUG_HELP = "show the traceback of any error (as does the environment variable AEPO_DEBUG=1)"
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse names the type in its messages
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aepo", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"aepo {__version__}",
+                        help="print the version of aepo-rl and exit")
     parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
-    # The same option after the subcommand; its own dest, since a subcommand's values replace the top level's.
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    # The same options after the subcommand: --plugin with its own dest, --debug set only when given,
+    # since a subcommand's values replace the top level's.
     plugin = argparse.ArgumentParser(add_help=False)
     plugin.add_argument("--plugin", dest="command_plugins", action="append", default=[], metavar="MODULE",
                         help=PLUGIN_HELP)
+    plugin.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", parents=[plugin], help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
@@ -145,39 +195,39 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--model", default=None, help="Hugging Face model folder")
     p.add_argument("--task", default=None, help="task name (default: config task.name)")
-    p.add_argument("--samples", type=int, default=None, help="samples per question K (default eval.samples)")
+    p.add_argument("--samples", type=_count(1), default=None, help="samples per question K (default eval.samples)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--out", default=None, help="write the results as JSON here, and every sample to <out>.records.jsonl")
     p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL to evaluate instead of --model")
     p.add_argument("--endpoint-model", default=None, help="model name at --endpoint")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("compare", parents=[plugin], help="several presets from one SFT checkpoint, several seeds, one table")
     _config_args(p)
-    p.add_argument("--presets", default="grpo,arpo,aepo")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default trainer.steps)")
+    p.add_argument("--presets", default="grpo,arpo,aepo", help="comma-separated presets to compare (default grpo,arpo,aepo)")
+    p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset, seeds 0..N-1 (default 3)")
+    p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("rollout", parents=[plugin], help="run one tree rollout and print each prompt's tree")
     _config_args(p)
     p.add_argument("--task", default=None, help="task name (default: config task.name, synthetic)")
-    p.add_argument("--num-prompts", type=int, default=2)
-    p.add_argument("--out", default="runs/rollout")
+    p.add_argument("--num-prompts", type=_count(1), default=2, help="training prompts to roll out (default 2)")
+    p.add_argument("--out", default="runs/rollout", help="folder of rollouts.jsonl (default runs/rollout)")
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("serve-search", parents=[plugin], help="BM25 search server speaking Search-R1's /retrieve API")
     p.add_argument("--corpus", default="synthetic", help="a JSONL corpus file, 'synthetic' or 'wiki'")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_count(0), default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--topk", type=_count(1), default=3, help="results per query when the request does not say (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
     p.set_defaults(func=cmd_serve_search)
 
     p = sub.add_parser("report", parents=[plugin], help="plots and tables from run folders")
-    p.add_argument("runs", nargs="+")
+    p.add_argument("runs", nargs="+", help="run folders made by aepo train or aepo compare")
     p.add_argument("--out", default=None, help="output folder (default <first run>/plots)")
     p.set_defaults(func=cmd_report)
 
@@ -200,15 +250,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    debug = args.debug or os.environ.get("AEPO_DEBUG", "") not in ("", "0")
     try:
         load_plugins(args.plugins + args.command_plugins)
         return int(args.func(args) or 0)
-    except PluginError as err:
-        print(f"aepo: {err}", file=sys.stderr)
+    except Exception as err:
+        if debug:
+            raise
+        return report_error(err)
+
+
+def report_error(err: Exception) -> int:
+    """Print ``err`` as one line on stderr; the exit status: 2 for a user's mistake, 1 for an internal error."""
+    if isinstance(err, UserError):
+        kind = "config error: " if isinstance(err, ConfigError) else ""
+        print(f"aepo: {kind}{err}", file=sys.stderr)
         return 2
-    except ConfigError as err:
-        print(f"aepo: config error: {err}", file=sys.stderr)
+    message = os_error_message(err) if isinstance(err, OSError) else None
+    if message is not None:
+        print(f"aepo: {message}", file=sys.stderr)
         return 2
+    print(f"aepo: internal error: {type(err).__name__}: {err}\n"
+          "aepo: run again with --debug (or AEPO_DEBUG=1) for the traceback", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from typing import Any, Callable
 import yaml
 
 from aepo_rl import registry
+from aepo_rl.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration key or value is invalid; the message names the key and the fix."""
 
 
@@ -399,6 +400,9 @@ def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
         set_key(cfg, key, value)
     if yaml_path is not None:
         path = Path(yaml_path)
+        if not path.is_file():
+            raise ConfigError(f"--config {path}: no such file; give the path of a YAML file of config sections "
+                              "(`aepo config show --yaml` prints one)")
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.engines.base import SamplingParams
+from aepo_rl.errors import check_writable
 from aepo_rl.models import encode_prompt
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
@@ -122,9 +123,13 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
 
 def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,
               endpoint_model: str | None = None) -> int:
-    """`aepo eval`: evaluate ``cfg.model.path`` (or an OpenAI-compatible endpoint) on ``cfg.eval.split``."""
+    """`aepo eval`: evaluate ``cfg.model.path`` (or an OpenAI-compatible endpoint) on ``cfg.eval.split``.
+
+    An unwritable ``out_file`` is an error before anything is evaluated."""
     from aepo_rl.tasks import get_task
 
+    if out_file is not None:
+        check_writable(out_file, "--out")
     task = get_task(cfg)
     engine = _build_policy_engine(cfg, task, endpoint, endpoint_model)
     try:

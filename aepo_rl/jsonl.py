@@ -6,8 +6,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from aepo_rl.errors import UserError
 
-class JsonlError(ValueError):
+
+class JsonlError(UserError, ValueError):
     """A line of a JSONL file is not a JSON object; the message starts with ``file:line``."""
 
     def __init__(self, location: str, problem: str):

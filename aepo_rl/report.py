@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
 
 
-class MetricsError(ValueError):
+class MetricsError(UserError, ValueError):
     """A run folder or its metrics.jsonl is missing or malformed; the message names the file."""
 
 

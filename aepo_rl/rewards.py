@@ -31,6 +31,7 @@ from typing import Callable
 import httpx
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.errors import UserError
 from aepo_rl.jsonl import read_jsonl
 from aepo_rl.protocol import answer_block, format_error, last_boxed, model_text, tools_used
 from aepo_rl.registry import REWARDS, register_reward
@@ -130,7 +131,7 @@ def math_reward(response: str, answers: list[str], question: str = "") -> float:
     return 0.0
 
 
-class JudgeUnavailableError(RuntimeError):
+class JudgeUnavailableError(UserError, RuntimeError):
     """The LLM judge endpoint could not be reached or answered with an error."""
 
 

@@ -66,13 +66,29 @@ def test_malformed_line_names_file_and_line(tmp_path):
 ])
 def test_missing_field_names_field_and_row(tmp_path, row, field):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"question": "ok", "answer": "ok"}, row])
-    with pytest.raises(DatasetError, match=rf"rows\.jsonl row 1: missing field '{field}'"):
+    with pytest.raises(DatasetError, match=rf"rows\.jsonl:2: missing field '{field}'"):
+        load_examples([path], "train")
+
+
+def test_data_errors_count_lines_and_rows_from_1(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"question": "ok", "answer": "ok"}, "", {"question": "Q?"}])
+    with pytest.raises(DatasetError, match=r"rows\.jsonl:3: missing field 'answer'"):  # the blank line counts
+        load_examples([path], "train")
+    table = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "ok", "answer": "ok"}, {"question": "Q?", "answer": None}]), table)
+    with pytest.raises(DatasetError, match=r"rows\.parquet row 2: missing field 'answer'"):
+        load_examples([str(table)], "train")
+
+
+def test_an_empty_data_file_is_named(tmp_path):
+    path = write_jsonl(tmp_path / "empty.jsonl", ["", "  "])
+    with pytest.raises(DatasetError, match=r"data file .*empty\.jsonl has no rows"):
         load_examples([path], "train")
 
 
 def test_prompt_must_be_chat_messages(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [{**VERL_ROW, "prompt": "just text"}])
-    with pytest.raises(DatasetError, match="row 0: field 'prompt' must be a list"):
+    with pytest.raises(DatasetError, match=r"rows\.jsonl:1: field 'prompt' must be a list"):
         load_examples([path], "train")
 
 

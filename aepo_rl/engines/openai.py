@@ -29,6 +29,7 @@ import torch
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.sampling import top_k_entropy
 from aepo_rl.engines.sequences import SequenceTable
+from aepo_rl.errors import EndpointError
 
 TOKEN_ID_PREFIX = "token_id:"
 
@@ -131,8 +132,8 @@ class OpenAIEngine:
         try:
             return self.client.post(self.url, json=body)
         except httpx.TransportError as error:
-            raise ConnectionError(f"OpenAI-compatible server at {self.url} is unreachable ({error!r}); start it "
-                                  f"(e.g. `vllm serve MODEL`) or fix rollout.engine_url") from error
+            raise EndpointError(f"OpenAI-compatible server at {self.url} is unreachable ({error!r}); start it "
+                                f"(e.g. `vllm serve MODEL`) or fix rollout.engine_url / --endpoint") from error
 
     def _complete(self, context: list[int], budget: int, seed: int, params: SamplingParams) -> Segment:
         if budget <= 0:
@@ -142,6 +143,10 @@ class OpenAIEngine:
         if response.status_code in (400, 422) and self.prompt_format == "auto" and not as_text:
             self.prompt_format = "text"  # this server does not take token-id prompts
             response = self._post(self._request_body(context, budget, seed, params, True))
+        if response.status_code in (401, 403, 404):
+            fix = "set OPENAI_API_KEY" if response.status_code != 404 else \
+                f"check the base URL (it usually ends in /v1) and the model name {self.model!r}"
+            raise EndpointError(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}; {fix}")
         if response.status_code != 200:
             raise RuntimeError(f"{self.url} answered HTTP {response.status_code}: {response.text[:500]}")
         payload = response.json()

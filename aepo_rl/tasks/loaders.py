@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
 from aepo_rl.registry import REWARDS
 from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
@@ -27,8 +28,9 @@ from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_
 from aepo_rl.tools.base import Tool
 
 
-class DatasetError(ValueError):
-    """A data file is unreadable or a row lacks a field; the message names the file and line/row."""
+class DatasetError(UserError, ValueError):
+    """A data file is missing, empty or unreadable, or a row lacks a field; the message names the file
+    and the line (JSONL) or row (parquet), both counted from 1."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,12 @@ def default_reward(data_source: str) -> str:
 
 # ---------------------------------------------------------------- reading files
 
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a ``.parquet`` or ``.jsonl`` file; a malformed JSONL line names the file and line."""
+def read_rows(path: str | Path) -> list[tuple[str, dict]]:
+    """``(where, row)`` for each row of a ``.parquet`` or ``.jsonl`` file; ``where`` names the file and
+    the line (``data.jsonl:3``) or row (``data.parquet row 3``), counted from 1 as editors count.
+
+    A missing or empty file, or a malformed JSONL line, is a DatasetError naming the file (and line).
+    """
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"data file {path} does not exist")
@@ -75,20 +81,26 @@ def read_rows(path: str | Path) -> list[dict]:
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path).to_pylist()
+            rows = [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]
         except Exception as err:  # pyarrow raises several error types for bad files
             raise DatasetError(f"{path}: not a readable parquet file: {err}") from None
-    try:
-        return [row for _, row in read_jsonl(path)]
-    except JsonlError as err:
-        raise DatasetError(str(err)) from None
+    else:
+        try:
+            rows = [(f"{path}:{line}", row) for line, row in read_jsonl(path)]
+        except JsonlError as err:
+            raise DatasetError(str(err)) from None
+    if not rows:
+        raise DatasetError(f"data file {path} has no rows; give a file with one question per row "
+                           "(JSONL: one JSON object per line)")
+    return rows
 
 
 def _field(row: dict, dotted: str, where: str):
     value: object = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value or value[part] is None:
-            raise DatasetError(f"{where}: missing field '{dotted}'")
+            raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
+                               "or verl's 'prompt' and 'reward_model.ground_truth')")
         value = value[part]
     return value
 
@@ -125,8 +137,8 @@ def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("searc
     examples = []
     for path in paths:
         stem = Path(path).stem
-        for i, row in enumerate(read_rows(path)):
-            examples.append(row_to_example(row, f"{path} row {i}", f"{stem}-{split}-{i}", stem, tools))
+        for i, (where, row) in enumerate(read_rows(path)):
+            examples.append(row_to_example(row, where, f"{stem}-{split}-{i}", stem, tools))
     return examples
 
 

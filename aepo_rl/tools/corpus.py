@@ -11,13 +11,14 @@ import importlib.util
 import json
 from pathlib import Path
 
+from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
 
 REQUIRED_FIELDS = ("id", "title", "text")
 WIKI_DATA_FILE = ("data", "summaries_en-us.json")
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus cannot be read; the message names the file, line and field."""
 
 
