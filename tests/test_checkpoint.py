@@ -101,13 +101,10 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, tiny_tokenizer, lora
     assert any(r["actor/grad_norm"] > 0 for r in records("straight"))  # the steps really trained
 
 
-@pytest.mark.slow
-def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
-    """`aepo train` killed with SIGKILL after its 2nd checkpoint, then `--resume`: same metrics and evaluation."""
-    import signal
+def _aepo_train(tmp_path):
+    """The tiny 4-step `aepo train` overrides writing under ``tmp_path``, and a starter of `aepo train` subprocesses."""
     import subprocess
     import sys
-    import time
 
     from test_pipeline import TINY_PIPELINE
 
@@ -120,6 +117,16 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
         return subprocess.Popen([sys.executable, "-m", "aepo_rl", "train", *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    return overrides, aepo
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
+    """`aepo train` killed with SIGKILL after its 2nd checkpoint, then `--resume`: same metrics and evaluation."""
+    import signal
+    import time
+
+    overrides, aepo = _aepo_train(tmp_path)
     assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
     victim = aepo(*overrides, "trainer.run_name=killed")
     deadline = time.time() + 600
@@ -147,21 +154,9 @@ def test_sigterm_mid_rl_saves_and_the_resumed_run_matches_the_uninterrupted_run(
     """`aepo train` sent SIGTERM (a job scheduler's stop) during RL: it finishes the step, saves, exits 130;
     `--resume` then ends with the metrics, weights and evaluation of a run never stopped."""
     import signal
-    import subprocess
-    import sys
     import time
 
-    from test_pipeline import TINY_PIPELINE
-
-    overrides = [f"{k}={v}" for k, v in {**TINY_PIPELINE, "trainer.steps": 4, "trainer.tensorboard": False,
-                                          "trainer.run_dir": str(tmp_path), "model.cache_dir": str(tmp_path / "cache")
-                                          }.items() if k != "trainer.run_name"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def aepo(*args):
-        return subprocess.Popen([sys.executable, "-m", "aepo_rl", "train", *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
+    overrides, aepo = _aepo_train(tmp_path)
     assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
     stopped = aepo(*overrides, "trainer.run_name=stopped")
     deadline = time.time() + 600
