@@ -21,7 +21,7 @@ import os
 import sys
 
 from aepo_rl import __version__
-from aepo_rl.config import PRESETS, ConfigError, load_config
+from aepo_rl.config import PRESETS, ConfigError, load_config, parse_overrides
 from aepo_rl.errors import UserError, check_writable, os_error_message
 from aepo_rl.registry import load_plugins
 
@@ -49,10 +49,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from aepo_rl.train.pipeline import train_main
 
     if args.resume:
-        if args.overrides or args.config_file or args.preset != "aepo":
-            raise ConfigError("--resume continues a run with its own config.yaml; drop --preset, --config and overrides")
+        if args.config_file or args.preset != "aepo":
+            raise ConfigError("--resume continues a run with its own config.yaml and preset; drop --preset and "
+                              "--config (overrides of steps, evaluation and logging settings are accepted)")
         check_writable(args.resume, "--resume")
-        return train_main(None, resume=args.resume)
+        return train_main(None, resume=args.resume, overrides=parse_overrides(args.overrides))
     cfg = _config(args)
     check_writable(cfg.trainer.run_dir, "trainer.run_dir")
     return train_main(cfg)
@@ -119,10 +120,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from aepo_rl.config import describe, to_yaml
+    from aepo_rl.progress import get_console
 
     if args.action == "docs":
         from aepo_rl.config_docs import reference_markdown, write_page
@@ -141,7 +142,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for key, value, doc in describe(cfg):
         table.add_row(key, repr(value), doc)
-    Console().print(table)
+    get_console().print(table)
     return 0
 
 
@@ -183,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", parents=[plugin], help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
     _config_args(p)
-    p.add_argument("--resume", default=None, help="continue the run in this folder from its last complete step")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in this folder from its last complete step; overrides may change "
+                        "trainer.steps, eval.* and the checkpoint and logging settings, nothing else")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", parents=[plugin], help="cold-start SFT on the task's teacher demonstrations")

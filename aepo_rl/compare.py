@@ -20,6 +20,7 @@ from typing import Any
 from scipy import stats
 
 from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict, to_yaml
+from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.report import plot_runs, read_metrics, series
 from aepo_rl.tasks import get_task
 from aepo_rl.train.checkpoint import atomic_write_text
@@ -148,7 +149,6 @@ def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, st
 def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None = None,
                  out_dir: str | None = None) -> int:
     """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots."""
-    from rich.console import Console
     from rich.table import Table
 
     if not presets:
@@ -168,13 +168,15 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
     runs: dict[str, list[dict]] = {preset: [] for preset in presets}
     run_dirs = []
-    for (preset, index), run_cfg in configs.items():
-        run_dir = out / f"{preset}-seed{index}"
-        atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
-        eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
-        runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
-                             **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
-        run_dirs.append(run_dir)
+    with PhaseProgress("compare", len(configs), unit="runs") as progress:
+        for (preset, index), run_cfg in configs.items():
+            run_dir = out / f"{preset}-seed{index}"
+            atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
+            eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
+            runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
+                                 **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
+            run_dirs.append(run_dir)
+            progress.advance(info=f"{preset} seed {index} done")
     num_steps = next(iter(configs.values())).trainer.steps
     summary = {"sft": sft_row(sft_eval, cfg.eval.split, out / "sft"), **summarize(runs)}
     (out / "compare.json").write_text(json.dumps(
@@ -188,7 +190,7 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
         table.add_column(col, justify="right")
     for preset, row in summary.items():
         table.add_row(preset, *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
-    Console().print(table)
+    get_console().print(table)
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0
 

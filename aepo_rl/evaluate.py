@@ -19,6 +19,7 @@ from aepo_rl.config import Config, ConfigError
 from aepo_rl.engines.base import SamplingParams
 from aepo_rl.errors import check_writable
 from aepo_rl.models import encode_prompt
+from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example, Task
@@ -94,12 +95,15 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
     sampling = eval_sampling(cfg)
     tools = task.tools()
     groups: list[list[Trajectory]] = []
-    for start in range(0, len(examples), cfg.eval.batch_size):
-        batch = examples[start:start + cfg.eval.batch_size]
-        prompts = [(ex.id, encode_prompt(engine.tokenizer, ex.messages)) for ex in batch]
-        result = run_rollout(engine, prompts, tools, rollout_cfg, validation=cfg.eval.greedy,
-                             sampling=sampling, seed=cfg.rollout.seed + start)
-        groups.extend(result.groups)
+    with PhaseProgress(f"eval {task.name}/{split_name} ({k} samples each)", len(examples),
+                       unit="questions") as progress:
+        for start in range(0, len(examples), cfg.eval.batch_size):
+            batch = examples[start:start + cfg.eval.batch_size]
+            prompts = [(ex.id, encode_prompt(engine.tokenizer, ex.messages)) for ex in batch]
+            result = run_rollout(engine, prompts, tools, rollout_cfg, validation=cfg.eval.greedy,
+                                 sampling=sampling, seed=cfg.rollout.seed + start)
+            groups.extend(result.groups)
+            progress.advance(len(batch))
     metrics, records = score_groups(task, examples, groups, k)
     if with_records:
         metrics["records"] = records
@@ -108,7 +112,6 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
 
 def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation") -> None:
     """A rich table: one row per "<task>/<split>"."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, caption="tools: tool calls per answer; length: response tokens per answer")
@@ -118,7 +121,7 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
     for name, m in results.items():
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
                       f"{m['tool_calls/mean']:.2f}", f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
-    Console().print(table)
+    get_console().print(table)
 
 
 def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,

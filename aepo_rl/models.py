@@ -137,15 +137,15 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
     tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
     model = init_tiny_model(model_cfg, tokenizer, seed)
     if model_cfg.tiny_copy_steps:
-        from rich.console import Console
+        from aepo_rl.progress import PhaseProgress
+        from aepo_rl.train.copy_warmup import COPY_TARGET, copy_warmup
 
-        from aepo_rl.train.copy_warmup import copy_warmup
-
-        console = Console(stderr=True)
-        with console.status(f"tiny model: copy warm-up, at most {model_cfg.tiny_copy_steps} steps (cached after)"):
-            steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed))
-        console.print(f"tiny model: copy warm-up {'reached its target' if steps < model_cfg.tiny_copy_steps else 'ran all'} "
-                      f"after {steps} steps")
+        label = f"tiny model: copy warm-up to copy accuracy {COPY_TARGET} (cached after)"
+        with PhaseProgress(label, model_cfg.tiny_copy_steps) as progress:
+            steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed, on_step=lambda loss, accuracy:
+                                    progress.advance(info=f"loss {loss:.3f}, copy accuracy {accuracy:.2f}")))
+        reached = "reached its target" if steps < model_cfg.tiny_copy_steps else "ran all"
+        progress.console.print(f"tiny model: copy warm-up {reached} after {steps} steps")
     save_policy(model, tokenizer, folder)
     return folder
 

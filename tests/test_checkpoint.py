@@ -101,13 +101,10 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, tiny_tokenizer, lora
     assert any(r["actor/grad_norm"] > 0 for r in records("straight"))  # the steps really trained
 
 
-@pytest.mark.slow
-def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
-    """`aepo train` killed with SIGKILL after its 2nd checkpoint, then `--resume`: same metrics and evaluation."""
-    import signal
+def _aepo_train(tmp_path):
+    """The tiny 4-step `aepo train` overrides writing under ``tmp_path``, and a starter of `aepo train` subprocesses."""
     import subprocess
     import sys
-    import time
 
     from test_pipeline import TINY_PIPELINE
 
@@ -120,6 +117,16 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
         return subprocess.Popen([sys.executable, "-m", "aepo_rl", "train", *args], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    return overrides, aepo
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
+    """`aepo train` killed with SIGKILL after its 2nd checkpoint, then `--resume`: same metrics and evaluation."""
+    import signal
+    import time
+
+    overrides, aepo = _aepo_train(tmp_path)
     assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
     victim = aepo(*overrides, "trainer.run_name=killed")
     deadline = time.time() + 600
@@ -139,4 +146,38 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
     assert [r["step"] for r in records("killed")] == [1, 2, 3, 4]
     assert records("killed") == records("straight")
     assert json.loads((tmp_path / "killed" / "eval.json").read_text()) == \
+        json.loads((tmp_path / "straight" / "eval.json").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_mid_rl_saves_and_the_resumed_run_matches_the_uninterrupted_run(tmp_path):
+    """`aepo train` sent SIGTERM (a job scheduler's stop) during RL: it finishes the step, saves, exits 130;
+    `--resume` then ends with the metrics, weights and evaluation of a run never stopped."""
+    import signal
+    import time
+
+    overrides, aepo = _aepo_train(tmp_path)
+    assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
+    stopped = aepo(*overrides, "trainer.run_name=stopped")
+    deadline = time.time() + 600
+    while not (tmp_path / "stopped" / "checkpoints" / "step_000001").exists():
+        assert stopped.poll() is None and time.time() < deadline, stopped.stderr.read().decode()
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=600) == 130, stopped.stderr.read().decode()
+    done = [int(p.name.split("_")[1]) for p in ckpt.step_dirs(tmp_path / "stopped" / "checkpoints")]
+    assert 1 <= max(done) < 4  # saved on the way out, before the end
+    resumed = aepo("--resume", str(tmp_path / "stopped"))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()
+
+    def records(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return _without_timing([json.loads(line) for line in lines])
+
+    assert [r["step"] for r in records("stopped")] == [1, 2, 3, 4]
+    assert records("stopped") == records("straight")
+    a, b = (load_file(tmp_path / run / "checkpoints" / "step_000004" / "model" / "model.safetensors")
+            for run in ("straight", "stopped"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "stopped" / "eval.json").read_text()) == \
         json.loads((tmp_path / "straight" / "eval.json").read_text())

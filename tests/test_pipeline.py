@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from aepo_rl.config import PRESETS, from_dict, load_config
+from aepo_rl.errors import UserError
 from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage, train_main
 
 TINY_PIPELINE = {
@@ -78,6 +79,57 @@ def test_a_new_run_refuses_an_existing_run_folder(finished_run):
         new_run_dir(cfg)
 
 
+def test_a_failed_start_leaves_nothing_and_the_corrected_command_runs(tmp_path):
+    broken = tiny_config(tmp_path, **{"model.path": str(tmp_path / "no-such-model"), "trainer.steps": 1})
+    with pytest.raises(UserError, match="no-such-model"):
+        train_main(broken)
+    assert not (tmp_path / "runs" / "tiny").exists()
+    fixed = tiny_config(tmp_path, **{"trainer.steps": 1, "eval.samples": 1, "trainer.tensorboard": False})
+    assert train_main(fixed) == 0
+    assert json.loads((tmp_path / "runs" / "tiny" / "eval.json").read_text()).keys() == {"sft", "rl"}
+
+
+def test_a_folder_holding_only_a_config_is_reused_by_a_new_run(tmp_path):
+    cfg = tiny_config(tmp_path)
+    run = new_run_dir(cfg)
+    (run / "config.yaml").write_text("left by a start killed during SFT")
+    assert new_run_dir(cfg) == run
+    (run / "sft_metrics.json").write_text("{}")  # a finished stage: now it is a run
+    with pytest.raises(FileExistsError, match="trainer.steps"):
+        new_run_dir(cfg)
+
+
+def test_resume_with_more_steps_continues_the_run(finished_run, tmp_path):
+    import shutil
+
+    cfg, run = finished_run
+    copy = shutil.copytree(run, tmp_path / "more")
+    assert train_main(None, resume=str(copy), overrides={"trainer.steps": 3, "eval.samples": 1}) == 0
+    records = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[:2] == [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert from_dict(yaml.safe_load((copy / "config.yaml").read_text())).trainer.steps == 3
+    results = json.loads((copy / "eval.json").read_text())
+    assert results["sft"]["synthetic/test"]["k"] == results["rl"]["synthetic/test"]["k"] == 1  # both re-evaluated
+    assert (copy / "checkpoints" / "step_000003" / "trainer_state.pt").is_file()
+
+
+def test_resume_refuses_a_changed_algorithm_setting_naming_it(finished_run, capsys):
+    from aepo_rl.cli import main
+
+    cfg, run = finished_run
+    config_before = (run / "config.yaml").read_text()
+    code = main(["train", "--resume", str(run), "algorithm.clip_ratio_high=0.5", "rollout.n=4", "trainer.steps=3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "algorithm.clip_ratio_high, rollout.n cannot change" in err and "Traceback" not in err
+    assert "trainer.steps" in err.split("accepts")[1]  # what is allowed
+    assert (run / "config.yaml").read_text() == config_before
+    same = main(["train", "--resume", str(run), f"rollout.n={cfg.rollout.n}"])  # an unchanged value is no change
+    assert same == 0
+    code = main(["train", "--resume", str(run), "trainer.steps=1"])
+    assert code == 2 and "below the 2 RL steps already done" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_runs_two_rl_steps_from_the_sft_model(finished_run, tmp_path, preset):
     cfg, run = finished_run
@@ -89,7 +141,8 @@ def test_every_preset_runs_two_rl_steps_from_the_sft_model(finished_run, tmp_pat
     assert [r["step"] for r in records] == [1, 2]
 
 
-def test_first_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, finished_run, monkeypatch):
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_first_ctrl_c_or_sigterm_finishes_the_step_saves_and_stops(tmp_path, finished_run, monkeypatch, signum):
     cfg, run = finished_run
     import signal
 
@@ -99,7 +152,7 @@ def test_first_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, finished_run, 
 
     def step_then_ctrl_c(self):
         metrics = original_step(self)
-        signal.raise_signal(signal.SIGINT)  # arrives while a step is in flight: the step still completes
+        signal.raise_signal(getattr(signal, signum))  # arrives while a step is in flight: the step still completes
         return metrics
 
     monkeypatch.setattr(rl.RLTrainer, "step", step_then_ctrl_c)
@@ -107,7 +160,8 @@ def test_first_ctrl_c_finishes_the_step_saves_and_stops(tmp_path, finished_run, 
         run_rl_stage(tiny_config(tmp_path), str(run / "checkpoints" / "sft"), tmp_path / "stopped")
     assert stopped.value.step == 1
     assert (tmp_path / "stopped" / "checkpoints" / "step_000001" / "trainer_state.pt").is_file()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_logger_rewrites_history_appends_steps_and_explains_missing_wandb(tmp_path, monkeypatch):

@@ -13,6 +13,8 @@ in for pretraining).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -36,10 +38,13 @@ def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) 
     return ids, in_row.long()
 
 
-def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
+def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
+                on_step: Callable[[float, float], None] | None = None) -> list[float]:
     """Train ``model`` in place on repeated random sequences for at most ``steps`` AdamW steps,
     stopping once it copies: argmax accuracy ≥ ``COPY_TARGET`` on the repeated half of a fresh
-    batch (measured before that batch's update). Returns the losses, one per step taken."""
+    batch (measured before that batch's update). Returns the losses, one per step taken.
+
+    ``on_step(loss, accuracy)``, when given, is called after each step (progress display)."""
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pool = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
     generator = torch.Generator().manual_seed(seed)
@@ -49,7 +54,8 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
     for _ in range(steps):
         ids, mask = copy_batch(pool, COPY_BATCH, generator)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        if repeated_half_accuracy(logits, ids, mask) >= COPY_TARGET:
+        accuracy = repeated_half_accuracy(logits, ids, mask)
+        if accuracy >= COPY_TARGET:
             break
         target_mask = mask[:, 1:].float()
         token_loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
@@ -58,6 +64,8 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0) -> list[float]:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(losses[-1], accuracy)
     model.eval()
     return losses
 

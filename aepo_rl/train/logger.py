@@ -2,8 +2,9 @@
 
 ``metrics.jsonl`` holds one JSON object per RL step with its ``step`` (verl metric names, §7).
 On resume the file is rewritten from the checkpoint's metric history, so a step that was in
-flight when the run died never appears twice. The console shows a rich progress bar with an
-ETA and one compact line of key metrics per step.
+flight when the run died never appears twice. The console shows the RL phase's progress
+(``aepo_rl.progress``: a bar with an ETA on a terminal, plain lines otherwise) and one compact line
+of key metrics per step.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.train.checkpoint import atomic_write_text
 
 CONSOLE_KEYS = [("critic/score/mean", "score"), ("actor/pg_loss", "pg_loss"), ("actor/entropy", "entropy"),
@@ -37,7 +38,7 @@ class RunLogger:
                  console: Console | None = None):
         self.run_dir = Path(run_dir)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.console = console or Console()
+        self.console = console or get_console()
         atomic_write_text(self.metrics_path, "".join(json.dumps(_jsonable(m)) + "\n" for m in history))
         self._file = open(self.metrics_path, "a")
         self._tb = None
@@ -56,13 +57,10 @@ class RunLogger:
             else:
                 self._wandb = wandb.init(project=wandb_project, name=run_name, id=run_name or None,
                                          resume="allow", dir=str(self.run_dir), config=config or {})
-        self._progress = Progress(TextColumn("[bold]RL[/]"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                  console=self.console, transient=False)
-        self._task = self._progress.add_task("rl", total=total_steps, completed=len(history))
+        self._progress = PhaseProgress("RL", total_steps, completed=len(history), console=self.console)
 
     def __enter__(self) -> RunLogger:
-        self._progress.start()
+        self._progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,8 +79,8 @@ class RunLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
-        self._progress.console.print(self.format_line(step, metrics))
-        self._progress.advance(self._task)
+        self.console.print(self.format_line(step, metrics), markup=False, highlight=False, soft_wrap=True)
+        self._progress.advance()
         return record
 
     @staticmethod
@@ -92,7 +90,7 @@ class RunLogger:
         return " | ".join(parts)
 
     def close(self) -> None:
-        self._progress.stop()
+        self._progress.__exit__(None, None, None)
         self._file.close()
         if self._tb is not None:
             self._tb.close()

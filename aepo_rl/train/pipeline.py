@@ -13,13 +13,22 @@ A run lives in ``runs/<run_name>/`` (docs/architecture.md, Contracts: run folder
     tensorboard/             event files (trainer.tensorboard)
 
 ``aepo train --resume runs/X`` reuses every finished stage and continues RL from the last
-complete checkpoint. The first Ctrl-C finishes the step in flight, saves and exits; a second
-one aborts at once (the last checkpoint on disk stays valid).
+complete checkpoint; it accepts the overrides of :data:`RESUME_SAFE_KEYS` (more steps, other
+evaluation and logging settings) and refuses any other. The first Ctrl-C or SIGTERM (what a job
+scheduler sends) finishes the step in flight, saves and exits; a second one aborts at once (the
+last checkpoint on disk stays valid).
+
+A run starts when its first stage finishes (the SFT model, or the first evaluation when SFT is
+skipped). A start that fails before that removes the ``config.yaml`` it wrote (and the folder when
+nothing else is in it); a folder holding only a config, as a run killed during SFT leaves, is not
+a run yet, and the same command reuses it. So a corrected command always runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fnmatch
 import json
 import random
 import signal
@@ -30,36 +39,39 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from aepo_rl import registry
-from aepo_rl.config import Config, ConfigError, from_dict, to_dict, to_yaml
+from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, validate
 from aepo_rl.engines import build_engine
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
+from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.rl import RLTrainer
-
-console = Console()
 
 
 # ----------------------------------------------------------------------------------------------
 # The main job
 
 
-def train_main(cfg: Config | None, resume: str | None = None) -> int:
-    """``aepo train``: the whole pipeline in one run folder; returns the process exit code."""
+def train_main(cfg: Config | None, resume: str | None = None, overrides: dict | None = None) -> int:
+    """``aepo train``: the whole pipeline in one run folder; returns the process exit code.
+
+    ``resume`` continues the run in that folder with its own config.yaml, changed by ``overrides``
+    (``{"trainer.steps": 120}``; only :data:`RESUME_SAFE_KEYS`).
+    """
     if resume is not None:
         run_dir = Path(resume)
-        cfg = load_run_config(run_dir)
-        console.print(f"[bold]resuming[/] {run_dir}")
+        cfg, changed = resume_config(run_dir, overrides or {})
+        get_console().print(f"[bold]resuming[/] {run_dir}")
+        _forget_stale_results(run_dir, changed)
     else:
         run_dir = new_run_dir(cfg)
         ckpt.atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
-        console.print(f"[bold]run folder[/] {run_dir}")
+        get_console().print(f"[bold]run folder[/] {run_dir}")
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -67,40 +79,66 @@ def train_main(cfg: Config | None, resume: str | None = None) -> int:
         seconds[stage] = time.perf_counter() - start
 
     try:
-        t0 = time.perf_counter()
-        task = _get_task(cfg)
-        init_model_dir = run_sft_stage(cfg, run_dir, task=task)
-        timed("task+model+SFT", t0)
-        results = _read_json(run_dir / "eval.json")
-        if "sft" not in results:
+        with _sigterm_like_ctrl_c():
             t0 = time.perf_counter()
-            results["sft"] = evaluate_model(cfg, init_model_dir, task)
-            ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
-            timed("SFT eval", t0)
-        if "rl" not in results:
-            t0 = time.perf_counter()
-            results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
-            timed("RL+eval", t0)
-    except KeyboardInterrupt as stop:  # RunInterrupted (RL saved its last step) or Ctrl-C in SFT/eval
+            task = _get_task(cfg)
+            init_model_dir = run_sft_stage(cfg, run_dir, task=task)
+            timed("task+model+SFT", t0)
+            results = _read_json(run_dir / "eval.json")
+            if "sft" not in results:
+                t0 = time.perf_counter()
+                results["sft"] = evaluate_model(cfg, init_model_dir, task)
+                ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
+                timed("SFT eval", t0)
+            if "rl" not in results:
+                t0 = time.perf_counter()
+                results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
+                timed("RL+eval", t0)
+    except KeyboardInterrupt as stop:  # RunInterrupted (RL saved its last step), Ctrl-C or SIGTERM in SFT/eval
         where = f"after RL step {stop.step}" if isinstance(stop, RunInterrupted) else "before RL finished"
-        console.print(f"[yellow]stopped {where}; continue with: aepo train --resume {run_dir}[/]")
+        get_console().print(f"[yellow]stopped {where}; continue with: aepo train --resume {run_dir}[/]")
         return 130
+    except BaseException:
+        if resume is None:
+            _undo_failed_start(run_dir)
+        raise
     write_plots(run_dir)
-    console.print(before_after_table(results))
+    get_console().print(before_after_table(results))
     stages = ", ".join(f"{stage} {value:.0f} s" for stage, value in seconds.items())
-    console.print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
+    get_console().print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
     return 0
 
 
+def run_started(run_dir: Path) -> bool:
+    """Whether a stage of the run in ``run_dir`` has finished: its SFT, an evaluation or an RL step is on disk."""
+    return any((run_dir / name).exists() for name in ("sft_metrics.json", "eval.json", "metrics.jsonl", "checkpoints"))
+
+
 def new_run_dir(cfg: Config) -> Path:
-    """``<trainer.run_dir>/<trainer.run_name or preset-timestamp>``; refuses to overwrite a run."""
+    """``<trainer.run_dir>/<trainer.run_name or preset-timestamp>``; refuses a folder holding a started run
+    and reuses one that holds only the config of a start that never finished a stage."""
     name = cfg.trainer.run_name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.trainer.run_dir) / name
     if (run_dir / "config.yaml").exists():
-        raise FileExistsError(f"{run_dir} already holds a run: continue it with `aepo train --resume {run_dir}` "
-                              "or choose another trainer.run_name")
+        if run_started(run_dir):
+            raise FileExistsError(
+                f"{run_dir} already holds a run: continue it with `aepo train --resume {run_dir}` (which accepts "
+                f"{', '.join(RESUME_SAFE_KEYS)}), or choose another trainer.run_name, or delete the folder to start over")
+        get_console().print(f"{run_dir} holds only the config of a run that never finished a stage: starting it anew")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def _undo_failed_start(run_dir: Path) -> None:
+    """After a failure before the run's first stage finished: remove its config.yaml, and the folder if empty,
+    so that the corrected command starts cleanly."""
+    if run_started(run_dir):
+        return
+    (run_dir / "config.yaml").unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:  # something else is in it; without a config it blocks nothing
+        pass
 
 
 def load_run_config(run_dir: str | Path) -> Config:
@@ -108,6 +146,72 @@ def load_run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.yaml there (is it a run folder made by `aepo train`?)")
     return from_dict(yaml.safe_load(path.read_text()))
+
+
+RESUME_SAFE_KEYS = ("trainer.steps", "trainer.eval_every", "trainer.save_every", "trainer.keep_checkpoints",
+                    "trainer.rollouts_to_save", "trainer.tensorboard", "trainer.wandb_project", "eval.*")
+"""Config keys (``fnmatch`` patterns) that ``aepo train --resume`` may change. None of them enters an RL
+step's computation, so the steps already taken stay those of the continued run:
+
+- ``trainer.steps``: where RL stops; more steps continue from the last checkpoint (not fewer than
+  are done). With ``trainer.lr_schedule=cosine`` the remaining steps follow the cosine to the new end.
+- ``trainer.eval_every``, ``trainer.save_every``, ``trainer.keep_checkpoints``,
+  ``trainer.rollouts_to_save``: when to evaluate, checkpoint and write rollouts; they read the
+  policy and never change it or the random streams of training.
+- ``trainer.tensorboard``, ``trainer.wandb_project``: where metrics are logged.
+- ``eval.*``: how the SFT and final policies are evaluated; both are evaluated again with the new
+  settings so that the before/after table compares like with like.
+
+Every other key (algorithm, rollout, model, task, SFT, optimizer, batch sizes, seeds) shaped the
+steps already taken; changing it would silently mix two runs, so it is refused."""
+
+
+def resume_config(run_dir: Path, overrides: dict) -> tuple[Config, list[str]]:
+    """The config of the run in ``run_dir`` with ``overrides`` applied, and the keys whose value changed.
+
+    Raises ConfigError naming every key outside :data:`RESUME_SAFE_KEYS` that would change, and for
+    ``trainer.steps`` below the steps already done. A change is written to the run's config.yaml.
+    """
+    cfg = load_run_config(run_dir)
+    before = to_dict(cfg)
+    for key, value in overrides.items():
+        set_key(cfg, key, value)
+    validate(cfg)
+    after = to_dict(cfg)
+    changed = [key for key in overrides if _lookup(before, key) != _lookup(after, key)]
+    refused = [key for key in changed if not any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUME_SAFE_KEYS)]
+    if refused:
+        raise ConfigError(f"--resume {run_dir}: {', '.join(refused)} cannot change when continuing a run (the steps "
+                          f"already taken used the run's values); --resume accepts {', '.join(RESUME_SAFE_KEYS)}. "
+                          "For other settings start a new run with another trainer.run_name")
+    latest = ckpt.latest_checkpoint(Path(run_dir) / "checkpoints")
+    done = int(ckpt.STEP_DIR.match(latest.name).group(1)) if latest else 0
+    if cfg.trainer.steps < done:
+        raise ConfigError(f"--resume {run_dir}: trainer.steps={cfg.trainer.steps} is below the {done} RL steps "
+                          f"already done; give trainer.steps >= {done}")
+    if changed:
+        ckpt.atomic_write_text(Path(run_dir) / "config.yaml", to_yaml(cfg))
+        get_console().print("resume changes " + ", ".join(
+            f"{key}: {_lookup(before, key)!r} → {_lookup(after, key)!r}" for key in changed))
+    return cfg, changed
+
+
+def _lookup(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def _forget_stale_results(run_dir: Path, changed: list[str]) -> None:
+    """Drop the stored evaluations that ``changed`` settings make stale: the final one after any change
+    (more steps, or other evaluation settings), the SFT one after an ``eval.*`` change."""
+    results = _read_json(run_dir / "eval.json")
+    if not changed or not results:
+        return
+    results.pop("rl", None)
+    if any(key.startswith("eval.") for key in changed):
+        results.pop("sft", None)
+    ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,7 +227,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
         return cfg.model.path
     sft_dir = Path(run_dir) / "checkpoints" / "sft"
     if (sft_dir / "config.json").is_file():
-        console.print(f"SFT model found: {sft_dir}")
+        get_console().print(f"SFT model found: {sft_dir}")
         return str(sft_dir)
     from aepo_rl.train.sft import dev_demonstrations, run_sft
 
@@ -135,7 +239,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
         if not demonstrations:
             raise ValueError(f"task {task.name!r} has no demonstrations for cold-start SFT; set sft.epochs=0 "
                              "and model.path to a model that already follows the tool protocol")
-        console.print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations, {cfg.sft.epochs} epochs")
+        get_console().print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations, {cfg.sft.epochs} epochs")
         metrics = run_sft(cfg, model, tokenizer, demonstrations, dev_demonstrations(task))
     ckpt.atomic_write_text(Path(run_dir) / "sft_metrics.json", json.dumps(metrics, indent=2, default=float))
     save_policy(model, tokenizer, sft_dir)
@@ -143,7 +247,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """RL stopped by Ctrl-C; ``step`` is the last completed (and, after a first Ctrl-C, saved) step."""
+    """RL stopped by Ctrl-C or SIGTERM; ``step`` is the last completed (and, after a first Ctrl-C, saved) step."""
 
     def __init__(self, step: int):
         super().__init__(f"interrupted after step {step}")
@@ -188,7 +292,7 @@ def _rl_trainer(cfg: Config, init_model_dir: str, checkpoint_dir: Path, task: Ta
         return trainer, []
     trainer.load_state_dict(state["trainer"])
     ckpt.set_rng_state(state["rng"], engine)
-    console.print(f"resuming RL after step {trainer.global_step} from {latest}")
+    get_console().print(f"resuming RL after step {trainer.global_step} from {latest}")
     return trainer, state["metrics"]
 
 
@@ -216,12 +320,12 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
     """RL steps up to ``trainer.steps``: log each, write its rollouts, evaluate every ``trainer.eval_every``
     and checkpoint every ``trainer.save_every`` steps and at the end.
 
-    The first Ctrl-C finishes the step in flight, saves it and raises :class:`RunInterrupted`; a
-    second one aborts mid-step (the last complete checkpoint stays valid).
+    The first Ctrl-C or SIGTERM finishes the step in flight, saves it and raises :class:`RunInterrupted`;
+    a second one aborts mid-step (the last complete checkpoint stays valid).
     """
     with RunLogger(run_dir, total_steps=cfg.trainer.steps, history=history, tensorboard=cfg.trainer.tensorboard,
                    wandb_project=cfg.trainer.wandb_project, run_name=run_dir.name, config=to_dict(cfg),
-                   console=console) as logger, StopOnSigint() as stop:
+                   console=get_console()) as logger, StopOnSignals() as stop:
         try:
             while trainer.global_step < cfg.trainer.steps:
                 metrics = trainer.step()
@@ -239,7 +343,7 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
         except RunInterrupted:
             raise
         except KeyboardInterrupt:
-            console.print("[yellow]aborted mid-step; the last complete checkpoint is kept[/]")
+            get_console().print("[yellow]aborted mid-step; the last complete checkpoint is kept[/]")
             raise RunInterrupted(trainer.global_step) from None
 
 
@@ -256,27 +360,45 @@ def _save_rl_checkpoint(cfg: Config, trainer: RLTrainer, checkpoint_dir: Path, i
                          keep=cfg.trainer.keep_checkpoints)
 
 
-class StopOnSigint:
-    """First Ctrl-C: ask the loop to stop after the current step (it saves); second: KeyboardInterrupt."""
+class StopOnSignals:
+    """First Ctrl-C (SIGINT) or SIGTERM: ask the loop to stop after the current step (it saves);
+    a second one: KeyboardInterrupt."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def _handler(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        console.print("[yellow]Ctrl-C: finishing this step, then saving and exiting (Ctrl-C again aborts)[/]")
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        get_console().print(f"[yellow]{name}: finishing this step, then saving and exiting (Ctrl-C or SIGTERM "
+                            "again aborts)[/]")
 
-    def __enter__(self) -> StopOnSigint:
+    def __enter__(self) -> StopOnSignals:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._previous = {signum: signal.signal(signum, self._handler) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_like_ctrl_c():
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does (outside the RL steps, where there is nothing to save)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,7 +408,7 @@ class StopOnSigint:
 def evaluate_model(cfg: Config, model_dir: str, task: Task) -> dict:
     """``{"<task>/<split>": {"pass@1", "pass@k", "k", "num_questions", ...}}`` of the model in ``model_dir``."""
     model, tokenizer = _load_policy_from(cfg, model_dir, task)
-    console.print(f"evaluating {model_dir} on {task.name}/{cfg.eval.split}")
+    get_console().print(f"evaluating {model_dir} on {task.name}/{cfg.eval.split}")
     return evaluate(build_engine(cfg, model, tokenizer), task, _eval_examples(cfg, task), cfg, cfg.eval.split)
 
 

@@ -151,7 +151,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     ``tokens_per_s`` (all tokens in the batches), ``trained_tokens``, ``steps``, ``time_s``,
     and ``dev/token_accuracy`` / ``dev/answer_accuracy`` when ``dev_demos`` are given.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from aepo_rl.progress import PhaseProgress
 
     sft = cfg.sft
     samples = [tokenize_demonstration(tokenizer, d, sft.max_length) for d in demos]
@@ -171,10 +171,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     lrs: list[float] = []
     seen_tokens = trained_tokens = 0
     start = time.perf_counter()
-    columns = (TextColumn("SFT epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn())
-    with Progress(*columns) as progress:
-        bar = progress.add_task("sft", total=total_steps, epoch=0, loss=float("nan"))
+    with PhaseProgress("SFT", total_steps) as progress:
         for epoch in range(sft.epochs):
             for batch_samples in batches_for_epoch(samples, sft.batch_size, rng):
                 batch = collate(batch_samples, tokenizer.pad_token_id)
@@ -188,7 +185,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
                 losses.append(loss.item())
                 seen_tokens += int(batch["attention_mask"].sum())
                 trained_tokens += int(count)
-                progress.update(bar, advance=1, epoch=epoch + 1, loss=losses[-1])
+                progress.advance(info=f"epoch {epoch + 1}/{sft.epochs}, loss {losses[-1]:.3f}")
     elapsed = time.perf_counter() - start
     trainee.eval()
     if trainee is not model:
@@ -210,15 +207,14 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
 
 def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     """``aepo sft``: train on the task's demonstrations, save ``<out>/checkpoints/sft``, evaluate."""
-    from rich.console import Console
-
     from aepo_rl.config import to_yaml
     from aepo_rl.evaluate import print_results
     from aepo_rl.models import load_policy, save_policy
+    from aepo_rl.progress import get_console
     from aepo_rl.tasks import get_task
     from aepo_rl.train.checkpoint import atomic_write_text
 
-    console = Console()
+    console = get_console()
     out = Path(out_dir or Path(cfg.trainer.run_dir) / f"sft-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
