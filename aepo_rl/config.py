@@ -120,6 +120,9 @@ class RolloutConfig:
     sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp (also its working "
                                      "directory, /var/tmp and /dev/shm) is a tmpfs of this size, gone after the call "
                                      "(isolation 'bubblewrap', see docs/tools.md).", ge=1)
+    tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
+                                             "tool calls fail: server down or answering errors, sandbox failing or stopping "
+                                             "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")

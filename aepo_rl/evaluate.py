@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -20,9 +21,12 @@ from aepo_rl.engines.base import SamplingParams
 from aepo_rl.errors import check_writable
 from aepo_rl.models import encode_prompt
 from aepo_rl.progress import PhaseProgress, get_console
+from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example, Task
+
+log = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -52,10 +56,13 @@ def eval_sampling(cfg: Config) -> SamplingParams:
 
 def score_groups(task: Task, examples: list[Example], groups: list[list[Trajectory]],
                  k: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Metrics over questions (pass@1, pass@k, means over all samples) and one record per question."""
+    """Metrics over questions (pass@1, pass@k, means over all samples) and one record per question.
+
+    ``tool_errors/mean`` is the mean number of failed tool calls per sample (``ToolCall.error``),
+    next to ``tool_calls/mean``; each sample's record has its ``tool_errors`` count."""
     if len(groups) != len(examples):
         raise ValueError(f"the rollout returned {len(groups)} groups for {len(examples)} questions")
-    records, pass1, passk, tool_calls, lengths, rewards = [], [], [], [], [], []
+    records, pass1, passk, tool_calls, tool_errors, lengths, rewards = [], [], [], [], [], [], []
     for example, group in zip(examples, groups):
         if len(group) != k:
             raise ValueError(f"question {example.id}: the rollout returned {len(group)} samples, expected {k}")
@@ -63,10 +70,12 @@ def score_groups(task: Task, examples: list[Example], groups: list[list[Trajecto
         for traj in group:
             sample = {"correct": bool(task.correct(example, traj.response_text)),
                       "reward": float(task.reward(example, traj.response_text)),
-                      "tool_calls": traj.num_tool_calls, "response_length": len(traj.response_token_ids),
+                      "tool_calls": traj.num_tool_calls, "tool_errors": sum(c.error for c in traj.tool_calls),
+                      "response_length": len(traj.response_token_ids),
                       "finish_reason": traj.finish_reason, "response": traj.response_text}
             samples.append(sample)
             tool_calls.append(sample["tool_calls"])
+            tool_errors.append(sample["tool_errors"])
             lengths.append(sample["response_length"])
             rewards.append(sample["reward"])
         num_correct = sum(s["correct"] for s in samples)
@@ -75,7 +84,8 @@ def score_groups(task: Task, examples: list[Example], groups: list[list[Trajecto
         records.append({"id": example.id, "question": example.question, "answers": example.answers,
                         "num_samples": len(samples), "num_correct": num_correct, "samples": samples})
     metrics = {"pass@1": _mean(pass1), "pass@k": _mean(passk), "k": k, "num_questions": len(examples),
-               "tool_calls/mean": _mean(tool_calls), "response_length/mean": _mean(lengths),
+               "tool_calls/mean": _mean(tool_calls), "tool_errors/mean": _mean(tool_errors),
+               "response_length/mean": _mean(lengths),
                "reward/mean": _mean(rewards)}
     return metrics, records
 
@@ -111,16 +121,20 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
 
 
 def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation") -> None:
-    """A rich table: one row per "<task>/<split>"."""
+    """A rich table: one row per "<task>/<split>"; a ``failed`` column when some tool call failed."""
     from rich.table import Table
 
-    table = Table(title=title, caption="tools: tool calls per answer; length: response tokens per answer")
+    failed = any(m.get("tool_errors/mean", 0) > 0 for m in results.values())
+    caption = "tools: tool calls per answer" + ("; failed: of them, calls that failed" if failed else "")
+    table = Table(title=title, caption=caption + "; length: response tokens per answer")
     table.add_column("task/split", overflow="fold")
-    for column in ("pass@1", "pass@k", "k", "questions", "tools", "length", "reward"):
+    columns = ("pass@1", "pass@k", "k", "questions", "tools", *(("failed",) if failed else ()), "length", "reward")
+    for column in columns:
         table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     for name, m in results.items():
+        errors = (f"{m['tool_errors/mean']:.2f}",) if failed else ()
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
-                      f"{m['tool_calls/mean']:.2f}", f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
+                      f"{m['tool_calls/mean']:.2f}", *errors, f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
     get_console().print(table)
 
 
@@ -145,6 +159,12 @@ def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = N
     records = {name: m.pop("records") for name, m in results.items() if "records" in m}
     policy = f"{endpoint_model} at {endpoint}" if endpoint else (cfg.model.path or "tiny model")
     print_results(results, title=f"pass@k of {policy}")
+    for name, m in results.items():
+        samples = m["num_questions"] * m["k"]
+        message = tool_error_warning(round(m["tool_errors/mean"] * samples), round(m["tool_calls/mean"] * samples),
+                                     cfg.rollout.tool_error_warn_share, f"the evaluation of {name}")
+        if message:
+            log.warning(message)
     if out_file is not None:
         out = Path(out_file)
         out.parent.mkdir(parents=True, exist_ok=True)

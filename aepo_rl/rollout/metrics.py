@@ -40,6 +40,7 @@ def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], c
         "rollout/consecutive_branch_max": float(consecutive_branch_max),
         "rollout/entropy_root": _mean(root_h),
         "rollout/entropy_after_tool": _mean(after_tool_h),
+        "rollout/tool_calls": float(len(own_calls)),
         "rollout/tool_errors": float(sum(c.error for c in own_calls)),
         "tool_call_counts/mean": _mean([t.num_tool_calls for t in trajs]),
         "num_turns/mean": _mean([len(t.rounds) for t in trajs]),
@@ -48,3 +49,14 @@ def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], c
         "rollout/decode_tokens": float(engine_counters.get("decode_tokens", 0.0)),
         "timing_s/gen": gen_seconds,
     }
+
+
+def tool_error_warning(errors: float, calls: float, warn_share: float, where: str) -> str | None:
+    """The warning for ``where`` ("step 3", "evaluation of task/split") when more than
+    ``warn_share`` of its ``calls`` tool calls failed (``rollout.tool_error_warn_share``), else None."""
+    if calls <= 0 or errors / calls <= warn_share:
+        return None
+    return (f"{errors / calls:.0%} of the tool calls failed in {where} ({errors:g} of {calls:g}; more than "
+            f"rollout.tool_error_warn_share={warn_share:g}). A tool is likely broken (a search server down or "
+            f"answering errors, a python sandbox that cannot run): scores then measure the tool, not the model. "
+            f"Failed calls have \"error\": true and their error text in the trajectories' tool_call records.")

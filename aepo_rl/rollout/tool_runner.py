@@ -6,7 +6,7 @@ import math
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from aepo_rl.protocol import ToolCallRequest
-from aepo_rl.tools.base import Tool
+from aepo_rl.tools.base import Tool, ToolError
 
 
 class ToolRunner:
@@ -16,7 +16,10 @@ class ToolRunner:
     time each, i.e. the round waits at most ``timeout × ceil(unique calls / workers)``; a
     call still running then is answered with an error text (its thread is abandoned and the
     pool replaced, so later rounds get fresh workers). A tool that raises is answered with
-    an error text too. Only successful results are cached.
+    an error text too. A call is an error (``is_error``) when it timed out, raised, returned a
+    :class:`ToolError`, or could not be run at all (``ToolCallRequest.error``: an unknown tool,
+    unusable Hermes JSON); the text is passed on unchanged either way. Only successful results
+    are cached.
     """
 
     def __init__(self, tools: dict[str, Tool], workers: int, timeout: float):
@@ -42,6 +45,8 @@ class ToolRunner:
             elif future.exception() is not None:
                 err = future.exception()
                 fresh[(tag, arg)] = (f"Error: tool '{name}' failed: {type(err).__name__}: {err}", True)
+            elif isinstance(future.result(), ToolError):
+                fresh[(tag, arg)] = (str(future.result()), True)
             else:
                 self.cache[(tag, arg)] = str(future.result())
         if any(not f.done() for f in pending.values()):

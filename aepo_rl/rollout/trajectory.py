@@ -14,7 +14,11 @@ class ToolCall:
     name: str
     arg: str
     result: str
+    """The text the model was shown (before truncation to ``rollout.max_tool_response_tokens``)."""
     error: bool = False
+    """The call failed: the tool gave a :class:`~aepo_rl.tools.base.ToolError` (server down, HTTP
+    error, sandbox stopped the code), raised, timed out, or the call was unusable (unknown tool,
+    bad arguments); counted in ``rollout/tool_errors``."""
 
 
 @dataclass

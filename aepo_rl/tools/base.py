@@ -1,7 +1,8 @@
 """Tool protocol and registry.
 
 A tool turns the body of a tool tag (``<search>query</search>``) into result text. ``run``
-never raises: failures come back as text, so the rollout continues (docs/algorithm.md §1.1).
+never raises: failures come back as text, so the rollout continues (docs/algorithm.md §1.1), and
+a failed call returns its text as a :class:`ToolError` so the rollout marks it as an error.
 Users add tools with ``@register_tool("name")`` on a factory ``(**options) -> Tool`` (an entry of
 :data:`aepo_rl.registry.TOOLS`); ``get_tool(name, **options)`` builds one, and ``aepo_rl.protocol``
 prompts, parses and checks its calls.
@@ -13,7 +14,19 @@ from typing import Callable, Protocol, runtime_checkable
 
 from aepo_rl.registry import TOOLS, register_tool
 
-__all__ = ["Tool", "argument_error", "get_tool", "register_tool"]
+__all__ = ["Tool", "ToolError", "argument_error", "get_tool", "register_tool"]
+
+
+class ToolError(str):
+    """The result text of a call that failed: the tool could not give its result (a server
+    unreachable or answering with an error, a sandbox that could not run or stopped the code at a
+    limit, an unusable argument). It is the text the model sees, unchanged; the rollout records
+    the call with ``error=True`` and counts it in ``rollout/tool_errors``. A plain ``str`` from
+    ``run`` is a result: what the tool found or what the model's code printed, tracebacks of the
+    model's own code included. String operations on a ``ToolError`` give plain ``str``: return it
+    as built."""
+
+    __slots__ = ()
 
 
 @runtime_checkable
@@ -31,7 +44,7 @@ class Tool(Protocol):
     """One line for the system prompt and the Hermes tool schema."""
 
     def run(self, arg: str) -> str:
-        """Execute the call; never raises (errors come back as text)."""
+        """Execute the call; never raises: a failed call returns its error text as a :class:`ToolError`."""
 
 
 def get_tool(name: str, **options) -> Tool:
@@ -45,18 +58,18 @@ def tool_factory(name: str) -> Callable[..., Tool]:
     return TOOLS.lookup(name)
 
 
-def argument_error(arg: object, max_chars: int) -> str | None:
+def argument_error(arg: object, max_chars: int) -> ToolError | None:
     """Why a tool argument is unusable, as the error text ``run`` returns, or None if it is fine.
 
     Rejects non-strings, arguments longer than ``max_chars``, and binary garbage: NUL and
     other control bytes, lone surrogates (undecodable bytes) and U+FFFD replacement characters.
     """
     if not isinstance(arg, str):
-        return f"Error: the tool argument must be text, got {type(arg).__name__}."
+        return ToolError(f"Error: the tool argument must be text, got {type(arg).__name__}.")
     if len(arg) > max_chars:
-        return f"Error: the tool argument has {len(arg)} characters; the limit is {max_chars}."
+        return ToolError(f"Error: the tool argument has {len(arg)} characters; the limit is {max_chars}.")
     if not _GARBAGE.isdisjoint(arg) or _has_surrogate(arg):
-        return "Error: the tool argument contains binary data (control bytes or invalid unicode)."
+        return ToolError("Error: the tool argument contains binary data (control bytes or invalid unicode).")
     return None
 
 

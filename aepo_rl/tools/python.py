@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from aepo_rl.tools.base import argument_error, register_tool
+from aepo_rl.tools.base import ToolError, argument_error, register_tool
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,12 @@ _PROBE_LOCK = threading.Lock()
 class PythonSandbox:
     """``<python>code</python>`` → the code's stdout and stderr (or an ``Error: …`` line).
 
-    ``run`` never raises. At most ``pool_size`` calls run at once (others wait their turn).
-    ``stats``: calls, errors, timeouts, peak_concurrency. The defaults sit under the rollout's
+    ``run`` never raises. A call fails — its text is a :class:`ToolError` — when the code did not
+    run to its end: the argument is unusable, the sandbox could not run it, or the sandbox stopped
+    it at the wall-clock or CPU limit or it was killed by a signal. Code that ran to its end is a
+    result whatever it printed: a traceback or non-zero exit status of the model's own code, or
+    output truncated at ``max_output_bytes``. At most ``pool_size`` calls run at once (others wait
+    their turn). ``stats``: calls, errors (failed calls), timeouts, peak_concurrency. The defaults sit under the rollout's
     ``tool_timeout`` (10 s) and match its ``tool_workers`` (8), so the sandbox reports its own
     timeout before the rollout gives up on the call.
     """
@@ -148,7 +152,7 @@ class PythonSandbox:
                 return self._execute(arg, self.isolation, self.timeout)
             except Exception as err:  # never raise into the rollout
                 self._count(errors=1)
-                return f"Error: the sandbox failed: {type(err).__name__}: {err}"
+                return ToolError(f"Error: the sandbox failed: {type(err).__name__}: {err}")
             finally:
                 with self._stats_lock:
                     self._running -= 1
@@ -269,17 +273,20 @@ class PythonSandbox:
         return b"".join(chunks), False, not _wait_until(proc, deadline)
 
     def _report(self, output: bytes, truncated: bool, timed_out: bool, returncode: int, signum: int) -> str:
+        """The call's text: the output and a note on how it ended; a :class:`ToolError` when the
+        sandbox stopped the code (timeout, CPU limit) or a signal killed it."""
         text = output.decode("utf-8", errors="replace").rstrip()
-        notes = []
+        note, failed = "", False
         if truncated:
-            notes.append(f"[output truncated at {self.max_output_bytes} bytes; the process was stopped]")
+            note = f"[output truncated at {self.max_output_bytes} bytes; the process was stopped]"
         elif timed_out:
-            notes.append(f"Error: timed out after {self.timeout:g} s; the process group was killed.")
+            note, failed = f"Error: timed out after {self.timeout:g} s; the process group was killed.", True
         elif signum:
-            notes.append(_signal_message(signum, self.cpu_seconds))
-        self._count(errors=int(bool(notes) or returncode != 0), timeouts=int(timed_out))
-        text = "\n".join([text, *notes]).strip()
-        return text or ("(no output)" if returncode == 0 else f"(no output; exit status {returncode})")
+            note, failed = _signal_message(signum, self.cpu_seconds), True
+        self._count(errors=int(failed), timeouts=int(timed_out))
+        text = "\n".join([text, note]).strip()
+        text = text or ("(no output)" if returncode == 0 else f"(no output; exit status {returncode})")
+        return ToolError(text) if failed else text
 
     def _count(self, errors: int = 0, timeouts: int = 0) -> None:
         with self._stats_lock:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from aepo_rl.tools.base import argument_error, register_tool
+from aepo_rl.tools.base import ToolError, argument_error, register_tool
 from aepo_rl.tools.corpus import corpus_sha256, load_corpus
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,10 @@ def _parse_hit(item: dict) -> Hit:
 class SearchTool:
     """``<search>query</search>`` → the top-k pages, from an in-process index or a server.
 
-    ``run`` never raises: a bad query or an unreachable server comes back as ``Error: …`` text
-    and is counted in ``stats`` (calls, errors, cache_hits). Results are cached per (query, k).
-    Thread-safe; ``search_batch`` sends many queries in one request.
+    ``run`` never raises: a bad query or a failed retrieval (server unreachable or timing out,
+    an HTTP error, an invalid answer) comes back as ``Error: …`` text, a :class:`ToolError`, and
+    is counted in ``stats`` (calls, errors, cache_hits); "No results found." is a result.
+    Results are cached per (query, k). Thread-safe; ``search_batch`` sends many queries in one request.
     """
 
     name = "search"
@@ -208,7 +209,8 @@ class SearchTool:
         with self._lock:
             self.stats["calls"] += len(queries)
             for i, query in enumerate(queries):
-                problem = argument_error(query, self.max_query_chars) or (None if query.strip() else "Error: empty search query.")
+                problem = argument_error(query, self.max_query_chars) or (
+                    None if query.strip() else ToolError("Error: empty search query."))
                 if problem:
                     results[i] = problem
                     self.stats["errors"] += 1
@@ -229,7 +231,7 @@ class SearchTool:
             else:
                 hit_lists = self.index.search(list(pending), self.topk)
         except Exception as err:  # never raise into the rollout: the agent sees the error text
-            message = f"Error: search failed: {err}"
+            message = ToolError(f"Error: search failed: {err}")
             log.warning("search tool: %s (%d queries)", message, len(pending))
             with self._lock:
                 self.stats["errors"] += sum(len(rows) for rows in pending.values())

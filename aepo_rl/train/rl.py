@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import time
 import warnings
@@ -44,9 +45,12 @@ from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.models import encode_prompt
+from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,6 +372,8 @@ class RLTrainer:
         self.global_step = 0
         self.last_rollout: list[dict] = []
         """Trajectories of the latest step as JSON records (with score and advantage), for rollouts/step_<k>.jsonl."""
+        self.warned_tool_errors = False
+        """Whether this run already warned that too many tool calls failed (once per run)."""
 
     # -- one RL step ---------------------------------------------------------------------------
 
@@ -376,6 +382,7 @@ class RLTrainer:
         t_step = time.perf_counter()
         groups, metrics = self.generate()
         metrics["timing_s/gen"] = time.perf_counter() - t_step
+        self._warn_tool_errors(metrics)
         if groups:
             metrics.update(self.update(groups))
             self.scheduler.step()
@@ -387,6 +394,16 @@ class RLTrainer:
         self.global_step += 1
         metrics["timing_s/step"] = time.perf_counter() - t_step
         return metrics
+
+    def _warn_tool_errors(self, metrics: dict[str, float]) -> None:
+        """Warn once per run when a step's share of failed tool calls exceeds ``rollout.tool_error_warn_share``."""
+        if self.warned_tool_errors:
+            return
+        message = tool_error_warning(metrics["rollout/tool_errors"], metrics["rollout/tool_calls"],
+                                     self.cfg.rollout.tool_error_warn_share, f"RL step {self.global_step + 1}")
+        if message:
+            log.warning(message)
+            self.warned_tool_errors = True
 
     def generate(self) -> tuple[list[ScoredGroup], dict[str, float]]:
         """Rollout + task scores; with dynamic sampling (§4) keep only groups with distinct scores,
