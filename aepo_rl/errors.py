@@ -9,8 +9,11 @@ shows. This module imports only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -31,6 +34,29 @@ class EndpointError(UserError, ConnectionError):
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _NOT_ALLOWED = {errno.EACCES, errno.EPERM, errno.EROFS}
 _NOT_FOUND = {errno.ENOENT, errno.ENOTDIR}
+
+
+DISK_NEARLY_FULL_BYTES = 64 * 2**20
+"""Free space under which a library's failed write is taken for a full disk."""
+
+
+@contextlib.contextmanager
+def disk_full_as_oserror(path: str | Path) -> Iterator[None]:
+    """Turn a write failure that a library reports in its own words (torch's "PytorchStreamWriter
+    failed writing file", safetensors' I/O error) into ``OSError(ENOSPC)`` naming ``path`` when the
+    disk that holds ``path`` has less than :data:`DISK_NEARLY_FULL_BYTES` free, so ``aepo`` reports
+    "disk full writing <path>" instead of the library's message. Any other failure passes unchanged."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as err:
+        folder = Path(path)
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if shutil.disk_usage(folder).free < DISK_NEARLY_FULL_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+        raise
 
 
 def os_error_message(err: OSError) -> str | None:

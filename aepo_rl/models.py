@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aepo_rl.errors import MissingExtraError, UserError
+from aepo_rl.errors import MissingExtraError, UserError, disk_full_as_oserror
 from aepo_rl.protocol import token_tags
 
 if TYPE_CHECKING:
@@ -262,8 +262,9 @@ def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
         model = copy.deepcopy(model).merge_and_unload()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with disk_full_as_oserror(out_dir):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
             os.replace(out_dir, old / "x")

@@ -8,6 +8,7 @@ import errno
 import importlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aepo_rl import __version__, cli, registry
+from aepo_rl import __version__, cli, errors, registry
 from aepo_rl.cli import build_parser, main, report_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +142,28 @@ def test_a_full_disk_is_named(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"aepo: disk full writing {tmp_path / 'x.pt'} (No space left on device)")
     assert report_error(OSError(errno.ENOSPC, "No space left on device")) == 2  # a write through a file object
     assert capsys.readouterr().err.startswith("aepo: disk full (No space left on device): free some space")
+
+
+def test_a_checkpoint_save_on_a_full_disk_is_named_not_torch_s_message(tmp_path, capsys, monkeypatch,
+                                                                     tiny_model, tiny_tokenizer):
+    # torch reports a full disk in its own words; with no space left on that disk it becomes ENOSPC
+    from aepo_rl.train import checkpoint
+
+    def torch_save_on_a_full_disk(obj, path):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing "
+                           "file data/0: file write failed")
+
+    monkeypatch.setattr(checkpoint.torch, "save", torch_save_on_a_full_disk)
+    monkeypatch.setattr(errors.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(OSError) as caught:
+        checkpoint.save_checkpoint(tmp_path, 3, tiny_model, tiny_tokenizer, {}, keep=2)
+    assert caught.value.errno == errno.ENOSPC and not list(tmp_path.iterdir())  # the partial checkpoint is gone
+    assert report_error(caught.value) == 2
+    assert capsys.readouterr().err.startswith(f"aepo: disk full writing {tmp_path / 'step_000003'}")
+    # with space left, the same failure is not a full disk: it passes through unchanged
+    monkeypatch.setattr(errors.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 0, 10**9))
+    with pytest.raises(RuntimeError, match="PytorchStreamWriter"):
+        checkpoint.save_checkpoint(tmp_path, 3, tiny_model, tiny_tokenizer, {}, keep=2)
 
 
 def test_an_internal_error_is_one_line_that_points_at_debug(capsys, monkeypatch):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aepo_rl.errors import disk_full_as_oserror
 from aepo_rl.models import save_policy
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -83,7 +84,8 @@ def save_checkpoint(checkpoint_dir: str | Path, step: int, model, tokenizer, sta
     tmp = Path(tempfile.mkdtemp(dir=checkpoint_dir, prefix=f".tmp-step_{step:06d}-"))
     try:
         save_policy(model, tokenizer, tmp / "model")
-        torch.save(state, tmp / "trainer_state.pt")
+        with disk_full_as_oserror(final):
+            torch.save(state, tmp / "trainer_state.pt")
         if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
             shutil.rmtree(final)
         os.replace(tmp, final)
