@@ -189,6 +189,11 @@ def test_python_block_runs(block, in_workdir, capsys):
     exec(code, {"__name__": f"docs_block_{block.line}"})
 
 
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.not_run and b.lang != "python"], ids=lambda b: b.where)
+def test_marked_block_is_a_visible_skip(block):
+    pytest.skip(f"not run: {block.not_run}")
+
+
 class Recorder:
     """Stands in for a subcommand's job function: remembers its arguments, returns 0."""
 
