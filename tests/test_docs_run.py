@@ -23,7 +23,6 @@ the code fails here.
 from __future__ import annotations
 
 import contextlib
-import io
 import re
 import shlex
 import sys
