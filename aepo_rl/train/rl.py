@@ -279,16 +279,19 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         algo = dataclasses.replace(algo, loss_scale_factor=cfg.rollout.max_response_length)
     mask = batch.response_mask
     rows = by_length(batch, rows)
+    mini_mask = mask[rows]
+    gives_entropy = registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy")
     stats = None
     if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats") and algo.entropy_adv_coef > 0:
-        stats = algorithms.entropy_stats(fixed.old_entropy[rows], mask[rows], algo.entropy_adv_scope,
+        stats = algorithms.entropy_stats(fixed.old_entropy[rows], mini_mask, algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
     for positions in torch.split(torch.arange(len(rows)), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
-        share = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode)
-        weight = algorithms.micro_batch_weight(micro_mask, mask[rows], algo.loss_agg_mode, algo.loss_agg_scope)
+        share = algorithms.micro_batch_weight(micro_mask, mini_mask, algo.loss_agg_mode)
+        weight = (share if algo.loss_agg_scope == "mini-batch" else
+                  algorithms.micro_batch_weight(micro_mask, mini_mask, algo.loss_agg_mode, algo.loss_agg_scope))
         log_probs, entropy = response_logprobs(model, batch.rows(micro), bf16=cfg.trainer.bf16,
                                                entropy_grad=algo.entropy_coeff > 0, temperature=train_temperature(cfg))
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
@@ -297,7 +300,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         loss, loss_metrics = policy_loss(
             fixed.old_log_probs[micro], log_probs, fixed.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo,
-            entropy=entropy.detach() if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy") else None,
+            entropy=entropy.detach() if gives_entropy else None,
             entropy_stats=micro_stats,
             index=batch.group_index[micro])
         if algo.entropy_coeff > 0:
