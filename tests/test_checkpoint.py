@@ -124,15 +124,11 @@ def _aepo_train(tmp_path):
 def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
     """`aepo train` killed with SIGKILL after its 2nd checkpoint, then `--resume`: same metrics and evaluation."""
     import signal
-    import time
 
     overrides, aepo = _aepo_train(tmp_path)
     assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
     victim = aepo(*overrides, "trainer.run_name=killed")
-    deadline = time.time() + 600
-    while not (tmp_path / "killed" / "checkpoints" / "step_000002").exists():
-        assert victim.poll() is None and time.time() < deadline, victim.stderr.read().decode()
-        time.sleep(0.05)
+    _wait_for(tmp_path / "killed" / "checkpoints" / "step_000002", victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert ckpt.latest_checkpoint(tmp_path / "killed" / "checkpoints").name == "step_000002"
@@ -140,8 +136,7 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()
 
     def records(run):
-        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        return _without_timing([json.loads(line) for line in lines])
+        return _records(tmp_path / run)
 
     assert [r["step"] for r in records("killed")] == [1, 2, 3, 4]
     assert records("killed") == records("straight")
@@ -149,20 +144,32 @@ def test_kill_9_mid_run_then_resume_matches_the_uninterrupted_run(tmp_path):
         json.loads((tmp_path / "straight" / "eval.json").read_text())
 
 
+def _records(run_dir):
+    """The run's metrics.jsonl records without their timing fields."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return _without_timing([json.loads(line) for line in lines])
+
+
+def _wait_for(path, process, timeout: float = 600):
+    """Wait until ``path`` exists while ``process`` is still running (its stderr on failure)."""
+    import time
+
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert process.poll() is None and time.time() < deadline, process.stderr.read().decode()
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_sigterm_mid_rl_saves_and_the_resumed_run_matches_the_uninterrupted_run(tmp_path):
     """`aepo train` sent SIGTERM (a job scheduler's stop) during RL: it finishes the step, saves, exits 130;
     `--resume` then ends with the metrics, weights and evaluation of a run never stopped."""
     import signal
-    import time
 
     overrides, aepo = _aepo_train(tmp_path)
     assert aepo(*overrides, "trainer.run_name=straight").wait(timeout=600) == 0
     stopped = aepo(*overrides, "trainer.run_name=stopped")
-    deadline = time.time() + 600
-    while not (tmp_path / "stopped" / "checkpoints" / "step_000001").exists():
-        assert stopped.poll() is None and time.time() < deadline, stopped.stderr.read().decode()
-        time.sleep(0.05)
+    _wait_for(tmp_path / "stopped" / "checkpoints" / "step_000001", stopped)
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(timeout=600) == 130, stopped.stderr.read().decode()
     done = [int(p.name.split("_")[1]) for p in ckpt.step_dirs(tmp_path / "stopped" / "checkpoints")]
@@ -171,8 +178,7 @@ def test_sigterm_mid_rl_saves_and_the_resumed_run_matches_the_uninterrupted_run(
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()
 
     def records(run):
-        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        return _without_timing([json.loads(line) for line in lines])
+        return _records(tmp_path / run)
 
     assert [r["step"] for r in records("stopped")] == [1, 2, 3, 4]
     assert records("stopped") == records("straight")
