@@ -57,7 +57,7 @@ class FakeLM(torch.nn.Module):
         self.hidden_fn = hidden_fn
 
     def get_decoder(self):
-        return lambda input_ids, attention_mask: SimpleNamespace(last_hidden_state=self.hidden_fn(input_ids))
+        return lambda input_ids, **kwargs: SimpleNamespace(last_hidden_state=self.hidden_fn(input_ids))
 
     def get_output_embeddings(self):
         return torch.nn.Identity()

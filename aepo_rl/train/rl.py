@@ -49,6 +49,7 @@ from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
+from aepo_rl.train.forward import decoder_hidden, lm_head
 
 log = logging.getLogger(__name__)
 
@@ -156,20 +157,19 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     """log π(y_t | prefix) of the taken response tokens and the full-vocabulary entropy H_t, both [B, R],
     of the policy's logits divided by ``temperature`` (1: the untempered policy).
 
-    Only positions from the shortest prompt on are projected onto the vocabulary
-    (``logits_to_keep``), then each row's response positions are gathered. No attention mask is
-    needed: with right padding and causal attention a real token never sees a pad. Log-softmax
+    The rows' common prefix (the system message) runs once and no attention mask is needed
+    (right padding, ``train/forward.py``); only positions from the shortest prompt on are
+    projected onto the vocabulary, then each row's response positions are gathered. Log-softmax
     runs in float32. ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise
     it is detached.
     """
     first = int(batch.prompt_lengths.min()) - 1  # the position that predicts the earliest response token
-    window = torch.arange(first, batch.input_ids.shape[1])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     with autocast:
-        logits = model(input_ids=batch.input_ids, logits_to_keep=window, use_cache=False).logits
+        logits = lm_head(model, decoder_hidden(model, batch.input_ids)[:, first:])
     # Response token j of row i is predicted at position prompt_length_i − 1 + j (pads: any valid one).
     positions = batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None, :]
-    index = (positions - first).clamp(max=len(window) - 1)
+    index = (positions - first).clamp(max=logits.shape[1] - 1)
     logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
     if temperature != 1:
         logits = logits / temperature

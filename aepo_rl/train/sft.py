@@ -26,6 +26,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from aepo_rl.models import apply_lora, encode_prompt
 from aepo_rl.protocol import ANSWER, ANSWER_CLOSE
+from aepo_rl.train.forward import decoder_hidden, lm_head
 
 if TYPE_CHECKING:
     from aepo_rl.config import Config
@@ -83,16 +84,14 @@ def batches_for_epoch(samples: list[SFTSample], batch_size: int, rng: random.Ran
 def trained_logits(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [N, V] (fp32) at the N positions whose next token is trained, and those targets [N].
 
-    Only these positions go through the LM head (output embeddings): most tokens of a
-    demonstration are prompt or tool result, so this skips most of the head's work and the
-    full-vocabulary softmax. (For LMs whose head is exactly ``get_output_embeddings()``: Qwen,
-    Llama, SmolLM, Mistral, GPT-2 …)
+    The rows' common prefix (the system message) runs once (``train/forward.py``), and only
+    the trained positions go through the LM head: most tokens of a demonstration are prompt or
+    tool result, so this skips most of the head's work and the full-vocabulary softmax.
     """
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the LM
     predicts_trained = batch["loss_mask"][:, 1:].bool()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        hidden = lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        logits = lm.get_output_embeddings()(hidden[:, :-1][predicts_trained])
+        hidden = decoder_hidden(model, batch["input_ids"])
+        logits = lm_head(model, hidden[:, :-1][predicts_trained])
     return logits.float(), batch["input_ids"][:, 1:][predicts_trained]
 
 

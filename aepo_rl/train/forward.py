@@ -1,0 +1,63 @@
+"""The training forward pass: hidden states of right-padded rows, the rows' common prefix computed once.
+
+Every training batch here (copy warm-up, SFT, the RL update and the old policy's log-probs) holds
+right-padded rows under causal attention, so no attention mask is needed: a real token never
+attends to a pad that follows it, and positions count from 0 in every row. And every row of an
+SFT or RL batch starts with the same tokens: the chat template's system message (55 of the
+synthetic task's ~120 tokens per demonstration). :func:`decoder_hidden` runs that common prefix
+once, for one row, and the rest of every row on top of its key/value cache repeated over the
+batch. Causal attention makes this the same computation as the full batch (outputs equal up to
+float summation order), gradients included: the prefix's activations are in the graph once and
+receive the sum of every row's gradient.
+
+Only the positions whose logits are needed go through the LM head (:func:`lm_head`): a
+vocabulary projection of every position is most of a tiny model's work.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+MIN_SHARED_PREFIX = 8
+"""Shortest common prefix worth a separate forward pass (tokens)."""
+
+
+def language_model(model):
+    """The transformers LM under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def common_prefix_length(input_ids: torch.Tensor) -> int:
+    """Number of leading positions at which every row of ``input_ids`` [B, T] holds the same token."""
+    same = (input_ids == input_ids[:1]).all(0)
+    return int(same.long().cumprod(0).sum())
+
+
+def decoder_hidden(model, input_ids: torch.Tensor, share_prefix: bool = True) -> torch.Tensor:
+    """Last hidden states [B, T, H] of right-padded ``input_ids`` [B, T] (no attention mask).
+
+    With ``share_prefix`` the rows' common prefix (when at least :data:`MIN_SHARED_PREFIX`
+    tokens, and at least one token of every row after it) runs once, and the rest of the rows
+    continue from its cache. For decoders whose forward takes ``past_key_values`` (every
+    transformers causal LM)."""
+    decoder = language_model(model).get_decoder()
+    rows, width = input_ids.shape
+    shared = min(common_prefix_length(input_ids), width - 1) if share_prefix and rows > 1 else 0
+    if shared < MIN_SHARED_PREFIX:
+        return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    prefix = decoder(input_ids=input_ids[:1, :shared], use_cache=True, **{cache_kwarg: cache}).last_hidden_state
+    cache.batch_repeat_interleave(rows)  # the prefix's keys and values, once per row
+    rest = decoder(input_ids=input_ids[:, shared:], use_cache=True, **{cache_kwarg: cache}).last_hidden_state
+    return torch.cat([prefix.expand(rows, -1, -1), rest], dim=1)
+
+
+def lm_head(model, hidden: torch.Tensor) -> torch.Tensor:
+    """Logits of ``hidden`` states (any leading shape): the LM's output embeddings. (For LMs whose
+    head is exactly ``get_output_embeddings()``: Qwen, Llama, SmolLM, Mistral, GPT-2 …)"""
+    return language_model(model).get_output_embeddings()(hidden)

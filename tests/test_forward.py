@@ -1,0 +1,83 @@
+"""The training forward pass: the rows' common prefix run once gives the full batch's outputs and gradients."""
+
+import pytest
+import torch
+
+from aepo_rl.train.forward import MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, lm_head
+from tests.conftest import build_tiny_model
+
+
+def test_common_prefix_length_counts_the_leading_positions_all_rows_share():
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9], [5, 6, 1, 8]])
+    assert common_prefix_length(ids) == 2
+    assert common_prefix_length(ids[:2]) == 3
+    assert common_prefix_length(ids[:1]) == 4
+    assert common_prefix_length(torch.tensor([[1, 2], [3, 2]])) == 0  # a later match does not count
+
+
+def _batch(prefix: int, generator: torch.Generator, rows: int = 5, width: int = 30, vocab: int = 300) -> torch.Tensor:
+    """Right-padded rows (pad 0) of random tokens sharing their first ``prefix`` tokens."""
+    ids = torch.randint(1, vocab, (rows, width), generator=generator)
+    ids[:, :prefix] = ids[0, :prefix]
+    for row, length in enumerate(torch.randint(prefix + 1, width + 1, (rows,), generator=generator).tolist()):
+        ids[row, length:] = 0
+    return ids
+
+
+def _hidden_and_grads(model, ids: torch.Tensor, share_prefix: bool):
+    model.zero_grad()
+    hidden = decoder_hidden(model, ids, share_prefix=share_prefix)
+    (lm_head(model, hidden) ** 2).mean().backward()
+    return hidden.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("prefix", [MIN_SHARED_PREFIX, 20, 29])
+def test_shared_prefix_gives_the_full_batch_outputs_and_gradients(tiny_tokenizer, prefix):
+    model = build_tiny_model(tiny_tokenizer).train()
+    ids = _batch(prefix, torch.Generator().manual_seed(prefix), vocab=len(tiny_tokenizer))
+    assert common_prefix_length(ids) >= prefix
+    shared, shared_grads = _hidden_and_grads(model, ids, share_prefix=True)
+    full, full_grads = _hidden_and_grads(model, ids, share_prefix=False)
+    assert shared.shape == full.shape == (5, 30, model.config.hidden_size)
+    torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-4)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    # and the plain path is the model's own forward (no attention mask: right padding)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(lm_head(model, full), logits, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_runs_the_prefix_once(tiny_tokenizer, monkeypatch):
+    model = build_tiny_model(tiny_tokenizer)
+    ids = _batch(12, torch.Generator().manual_seed(0), vocab=len(tiny_tokenizer))
+    seen = []
+    decoder = model.get_decoder()
+    original = decoder.forward
+
+    def spy(*args, input_ids=None, **kwargs):
+        seen.append(tuple(input_ids.shape))
+        return original(*args, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", spy)
+    decoder_hidden(model, ids)
+    common = common_prefix_length(ids)
+    assert seen == [(1, common), (5, 30 - common)]
+    seen.clear()
+    decoder_hidden(model, ids[:1])  # one row: nothing to share
+    decoder_hidden(model, ids[:, :MIN_SHARED_PREFIX - 1])  # a prefix too short to be worth it
+    assert seen == [(1, 30), (5, MIN_SHARED_PREFIX - 1)]
+
+
+def test_shared_prefix_with_lora_adapters(tiny_tokenizer):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(build_tiny_model(tiny_tokenizer).train(),
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    ids = _batch(16, torch.Generator().manual_seed(1), vocab=len(tiny_tokenizer))
+    shared, shared_grads = _hidden_and_grads(model, ids, share_prefix=True)
+    full, full_grads = _hidden_and_grads(model, ids, share_prefix=False)
+    torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-4)
+    lora = [name for name in full_grads if "lora_" in name]
+    assert lora and all(full_grads[name].abs().sum() > 0 for name in lora)
+    for name in lora:
+        torch.testing.assert_close(shared_grads[name], full_grads[name], atol=1e-6, rtol=1e-4, msg=name)
