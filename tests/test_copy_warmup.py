@@ -49,16 +49,16 @@ def test_repeated_half_marks_the_second_copy_after_its_first_token():
 
 def test_repeated_half_accuracy_scores_the_second_copy_after_its_first_token():
     ids, mask = copy_batch(torch.arange(10, 60), 8, torch.Generator().manual_seed(1))
-    vocab = 64
+    vocab, real = 64, mask[:, 1:].bool()  # the function takes logits at the real targets only
     perfect = torch.nn.functional.one_hot(ids[:, 1:], vocab).float()  # predicts every next token
-    assert repeated_half_accuracy(perfect, ids, mask) == 1.0
+    assert repeated_half_accuracy(perfect[real], ids, mask) == 1.0
     lengths = mask.sum(1) // 2
     wrong_first_half = perfect.clone()
     for row, n in enumerate(lengths.tolist()):
         wrong_first_half[row, :n - 1] = 0  # the first copy is unpredictable and not scored
         wrong_first_half[row, 2 * n - 1:] = 0  # nor is padding
-    assert repeated_half_accuracy(wrong_first_half, ids, mask) == 1.0
-    assert repeated_half_accuracy(torch.zeros(*ids[:, 1:].shape, vocab), ids, mask) < 0.2
+    assert repeated_half_accuracy(wrong_first_half[real], ids, mask) == 1.0
+    assert repeated_half_accuracy(torch.zeros(int(real.sum()), vocab), ids, mask) < 0.2
 
 
 def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from aepo_rl.train.forward import decoder_hidden, lm_head
+
 COPY_BATCH = 32
 COPY_LR = 3e-3
 COPY_LENGTHS = (8, 24)
@@ -53,13 +55,13 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
     losses = []
     for _ in range(steps):
         ids, mask = copy_batch(pool, COPY_BATCH, generator)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        # right padding: no attention mask, and only real targets go through the LM head (train/forward.py)
+        targets = mask[:, 1:].bool()
+        logits = lm_head(model, decoder_hidden(model, ids, share_prefix=False)[:, :-1][targets])
         accuracy = repeated_half_accuracy(logits, ids, mask)
         if accuracy >= COPY_TARGET:
             break
-        target_mask = mask[:, 1:].float()
-        token_loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (token_loss * target_mask).sum() / target_mask.sum()
+        loss = F.cross_entropy(logits, ids[:, 1:][targets])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -80,7 +82,8 @@ def repeated_half(mask: torch.Tensor) -> torch.Tensor:
 
 def repeated_half_accuracy(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> float:
     """Share of the second copy's tokens (after its first, which nothing predicts) that
-    ``logits`` [B, T-1, V] predict by argmax."""
-    repeated = repeated_half(mask)
-    hits = (logits.argmax(-1) == ids[:, 1:]) & repeated
+    ``logits`` predict by argmax: [N, V] at the real targets ``mask[:, 1:]`` in row order."""
+    targets = mask[:, 1:].bool()
+    repeated = repeated_half(mask)[targets]
+    hits = (logits.argmax(-1) == ids[:, 1:][targets]) & repeated
     return float(hits.sum() / repeated.sum())
