@@ -10,7 +10,7 @@ import pytest
 from aepo_rl.config import TaskConfig, load_config
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.common import SYSTEM_PROMPT
-from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask, build_world, make_questions
+from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask, build_world, make_questions, teacher_tools
 from aepo_rl.tools import get_tool
 
 SMALL = dict(num_train=40, num_dev=24, num_test=24, num_demonstrations=40)
@@ -140,6 +140,23 @@ def test_teacher_demonstrations_without_errors_earn_full_reward(task):
             tag = "search" if "<search>" in call else "python"
             arg = call.strip()[len(tag) + 2:-(len(tag) + 3)]
             assert result == f" <result>\n{tools[tag].run(arg)}\n</result>"  # what the rollout appends
+
+
+def test_the_teachers_python_results_are_the_sandboxs():
+    """The teacher's programs (right and slipped) are answered without the sandbox (TeacherPython);
+    the sandbox prints the same text for each, and other code still goes to the sandbox."""
+    slips = small_task(teacher_error_rate=1.0, arithmetic_fraction=1.0, num_demonstrations=16)
+    sandbox = slips.tools()["python"]
+    teacher = teacher_tools(slips.tools())["python"]
+    programs = {call.strip()[len("<python>"):-len("</python>")]
+                for demo in slips.demonstrations() for call, trained in demo.pieces if trained and "<python>" in call}
+    programs |= {"1981 - 1892", "7 + 35", "-4 - -9", "10 - 20"}
+    assert len(programs) >= 8
+    for code in programs:
+        assert teacher.run(code) == sandbox.run(code), code
+    assert sandbox.stats["calls"] == len(programs)
+    assert teacher.run("print(6 * 7)") == "42" and sandbox.stats["calls"] == len(programs) + 1
+    assert (teacher.tag, teacher.description) == (sandbox.tag, sandbox.description)
 
 
 def test_demonstrations_rename_every_name_consistently(task):

@@ -384,6 +384,37 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
     return pieces
 
 
+class TeacherPython:
+    """The python tool as the teacher's programs see it, without a sandbox.
+
+    Every program the teacher writes is one sum or difference of two integers (``"1981 - 1892"``;
+    an arithmetic slip changes an operand), and the sandbox reports such a program as its printed
+    value. Computing that value here spares the ~600 sandboxed interpreters a task's
+    demonstrations would start (about 30 s on 2 CPU cores); any other program goes to ``tool``,
+    as do the tool's attributes. ``tests/test_synthetic.py`` runs the teacher's programs of every
+    kind through the sandbox too and compares the texts."""
+
+    _PROGRAM = re.compile(r"(-?\d+) ([+-]) (-?\d+)")
+
+    def __init__(self, tool: Tool):
+        self.tool = tool
+
+    def __getattr__(self, name: str):
+        return getattr(self.tool, name)
+
+    def run(self, code: str) -> str:
+        program = self._PROGRAM.fullmatch(code)
+        if program is None:
+            return self.tool.run(code)
+        left, op, right = program.groups()
+        return str(int(left) + int(right) if op == "+" else int(left) - int(right))
+
+
+def teacher_tools(tools: dict[str, Tool]) -> dict[str, Tool]:
+    """``tools`` with the python tool answering the teacher's programs directly (:class:`TeacherPython`)."""
+    return {name: TeacherPython(tool) if name == "python" else tool for name, tool in tools.items()}
+
+
 def name_words(world: World) -> set[str]:
     """The words of the world's entity names: people and cities whole, organisations without
     their kind ("Guild", "Bank")."""
@@ -456,7 +487,7 @@ class SyntheticTask:
                                        cfg.arithmetic_fraction)
             flawed = set(rng.sample(range(len(questions)), round(cfg.teacher_error_rate * len(questions))))
             plans = [self._plan(ex, i in flawed, rng) for i, ex in enumerate(questions)]
-            tools = self.tools()
+            tools = teacher_tools(self.tools())
             with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
                 pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools), plans))
             names = random.Random(f"renames-{cfg.seed}")
@@ -466,7 +497,7 @@ class SyntheticTask:
 
     def demonstrations_for(self, split: str) -> list[Demonstration]:
         """Error-free teacher trajectories for every question of ``split`` (e.g. held-out SFT metrics)."""
-        tools = self.tools()
+        tools = teacher_tools(self.tools())
         with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
             return list(pool.map(lambda ex: Demonstration(ex, teacher_pieces(self._plan(ex, False, None), tools)),
                                  self.examples(split)))
