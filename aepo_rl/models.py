@@ -50,7 +50,7 @@ CHATML_TEMPLATE = (
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 """A model folder holds its tokenizer when it has one of these (fast, SentencePiece, BPE or WordPiece)."""
-_TINY_BUILD_VERSION = 2
+_TINY_BUILD_VERSION = 3
 """Bumped whenever the tiny build changes, so stale caches are not reused."""
 
 

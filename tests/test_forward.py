@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aepo_rl.train.forward import MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, lm_head
+from aepo_rl.train.forward import MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, lm_head, packed_hidden
 from tests.conftest import build_tiny_model
 
 
@@ -81,3 +81,40 @@ def test_shared_prefix_with_lora_adapters(tiny_tokenizer):
     assert lora and all(full_grads[name].abs().sum() > 0 for name in lora)
     for name in lora:
         torch.testing.assert_close(shared_grads[name], full_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_packed_rows_give_the_padded_batch_at_every_real_token(tiny_tokenizer):
+    from aepo_rl.train.copy_warmup import copy_batch
+
+    model = build_tiny_model(tiny_tokenizer).train()
+    ids, mask = copy_batch(torch.arange(10, len(tiny_tokenizer)), 16, torch.Generator().manual_seed(4))
+    lengths = mask.sum(1)
+    real = mask.bool()
+    packed = packed_hidden(model, ids, lengths)
+    padded = decoder_hidden(model, ids, share_prefix=False)
+    torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=1e-4)
+    assert (packed[~real] == 0).all()
+    grads = []
+    for hidden in (packed, padded):
+        model.zero_grad()
+        (lm_head(model, hidden[real]) ** 2).mean().backward(retain_graph=True)
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grads[0][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_packing_fills_rows_first_fit(tiny_tokenizer, monkeypatch):
+    model = build_tiny_model(tiny_tokenizer)
+    decoder = model.get_decoder()
+    original, seen = decoder.forward, []
+
+    def spy(*args, input_ids=None, position_ids=None, **kwargs):
+        seen.append((input_ids.clone(), position_ids.clone()))
+        return original(*args, input_ids=input_ids, position_ids=position_ids, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", spy)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 0, 0, 0, 0], [13, 14, 15, 16, 0, 0], [17, 0, 0, 0, 0, 0]])
+    packed_hidden(model, ids, torch.tensor([6, 2, 4, 1]))
+    (packed_ids, positions), = seen
+    assert packed_ids.tolist() == [[5, 6, 7, 8, 9, 10], [13, 14, 15, 16, 11, 12], [17, 0, 0, 0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 4, 5]]

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from aepo_rl.train.forward import decoder_hidden, lm_head
+from aepo_rl.train.forward import lm_head, packed_hidden
 
-COPY_BATCH = 32
+COPY_BATCH = 16
 COPY_LR = 3e-3
 COPY_LENGTHS = (8, 24)
 COPY_TARGET = 0.9
@@ -55,9 +55,9 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
     losses = []
     for _ in range(steps):
         ids, mask = copy_batch(pool, COPY_BATCH, generator)
-        # right padding: no attention mask, and only real targets go through the LM head (train/forward.py)
+        # the rows packed (a third of the batch is padding) and only real targets through the LM head (train/forward.py)
         targets = mask[:, 1:].bool()
-        logits = lm_head(model, decoder_hidden(model, ids, share_prefix=False)[:, :-1][targets])
+        logits = lm_head(model, packed_hidden(model, ids, mask.sum(1))[:, :-1][targets])
         accuracy = repeated_half_accuracy(logits, ids, mask)
         if accuracy >= COPY_TARGET:
             break

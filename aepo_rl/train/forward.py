@@ -10,8 +10,10 @@ batch. Causal attention makes this the same computation as the full batch (outpu
 float summation order), gradients included: the prefix's activations are in the graph once and
 receive the sum of every row's gradient.
 
-Only the positions whose logits are needed go through the LM head (:func:`lm_head`): a
-vocabulary projection of every position is most of a tiny model's work.
+The copy warm-up's rows share nothing but are a third padding: :func:`packed_hidden` packs them
+into fewer rows (block-causal attention, positions restarting per sequence) and unpacks the
+result. Only the positions whose logits are needed go through the LM head (:func:`lm_head`): a
+vocabulary projection of every position is a large part of a tiny model's work.
 """
 
 from __future__ import annotations
@@ -50,11 +52,47 @@ def decoder_hidden(model, input_ids: torch.Tensor, share_prefix: bool = True) ->
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    cache_kwarg = "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else "past_key_values"
     prefix = decoder(input_ids=input_ids[:1, :shared], use_cache=True, **{cache_kwarg: cache}).last_hidden_state
     cache.batch_repeat_interleave(rows)  # the prefix's keys and values, once per row
     rest = decoder(input_ids=input_ids[:, shared:], use_cache=True, **{cache_kwarg: cache}).last_hidden_state
     return torch.cat([prefix.expand(rows, -1, -1), rest], dim=1)
+
+
+def packed_hidden(model, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """:func:`decoder_hidden` of right-padded ``input_ids`` [B, T] whose rows hold ``lengths`` [B]
+    real tokens, computed with the rows packed: first-fit into as few rows of width T as hold
+    them, each sequence at positions counting from 0 again, which transformers turns into a
+    block-causal mask (a token sees only its own sequence). Returns [B, T, H] in the input's
+    layout (zeros at pads): the same as the padded batch at every real token, for the work of
+    the real tokens (the copy warm-up's rows are a third padding)."""
+    rows, width = input_ids.shape
+    free: list[int] = []  # room left in each packed row
+    start = torch.zeros(rows, dtype=torch.long)
+    packed_row = torch.zeros(rows, dtype=torch.long)
+    for i in torch.argsort(lengths, descending=True, stable=True).tolist():
+        n = int(lengths[i])
+        r = next((r for r, room in enumerate(free) if room >= n), len(free))
+        if r == len(free):
+            free.append(width)
+        packed_row[i], start[i] = r, width - free[r]
+        free[r] -= n
+    column = torch.arange(width)
+    real = column < lengths[:, None]  # [B, T]
+    target = (packed_row[:, None] * width + start[:, None] + column)[real]  # flat packed index of each real token
+    ids = torch.zeros(len(free) * width, dtype=input_ids.dtype)
+    ids[target] = input_ids[real]
+    positions = column.repeat(len(free))  # pads continue the row's last sequence: they follow it, nothing sees them
+    positions[target] = column.expand(rows, -1)[real]
+    for r in range(len(free)):  # a row's tail after its last sequence counts on from it
+        used = width - free[r]
+        if 0 < used < width:
+            positions[r * width + used:(r + 1) * width] = positions[r * width + used - 1] + 1 + torch.arange(width - used)
+    decoder = language_model(model).get_decoder()
+    hidden = decoder(input_ids=ids.view(-1, width), position_ids=positions.view(-1, width), use_cache=False).last_hidden_state
+    out = hidden.new_zeros(rows, width, hidden.shape[-1])
+    out[real] = hidden.reshape(-1, hidden.shape[-1])[target]
+    return out
 
 
 def lm_head(model, hidden: torch.Tensor) -> torch.Tensor:
