@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from aepo_rl.train.forward import lm_head, packed_hidden
 
-COPY_BATCH = 16
+COPY_BATCH = 32
 COPY_LR = 3e-3
 COPY_LENGTHS = (8, 24)
 COPY_TARGET = 0.9
