@@ -201,8 +201,9 @@ TASKS = Registry("task", "aepo_rl.tasks")
 ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, entropies=())
 """shares_weights: the engine generates with the trainer's own model object, so it samples the
 current policy with no weight sync and its recorded log-probs and entropies are the policy's (the
-built-in trainer needs this); entropies: the per-token entropy measures it records exactly,
-``full`` (full-vocabulary, §1.2) and/or ``top10_proxy`` (the release's, §1.2)."""
+built-in trainer needs this); entropies: the step-entropy measures (``rollout.entropy_measure``,
+§1.2) it can give exactly: ``full`` (full-vocabulary entropies), ``surprisal`` (the sampled tokens'
+untempered log-probs) and/or ``top10_proxy`` (the release's)."""
 
 register_policy_loss = POLICY_LOSSES.register
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register

@@ -276,6 +276,17 @@ def test_sampling_frequencies_and_filters():
     assert _draw(SamplingParams(temperature=0.0))[0].unique().tolist() == [0]
 
 
+def test_surprisal_estimates_the_entropy_only_at_temperature_1():
+    """§1.2 surprisal: E[−log π(x)] over x ~ π is H(π); sampling a tempered π_τ gives another number."""
+    tokens, p = _draw(SamplingParams())
+    surprisal = -p.log()[tokens]
+    entropy = float(-(p * p.log()).sum())
+    standard_error = float(surprisal.std()) / math.sqrt(len(tokens))
+    assert abs(float(surprisal.mean()) - entropy) < 4 * standard_error
+    cold, _ = _draw(SamplingParams(temperature=0.5))
+    assert float(-p.log()[cold].mean()) < entropy - 10 * standard_error  # biased low below temperature 1
+
+
 def test_bad_inputs_are_named(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer)
     seq = engine.add_sequence([5])

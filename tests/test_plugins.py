@@ -15,11 +15,12 @@ import torch
 from aepo_rl import registry
 from aepo_rl.cli import main
 from aepo_rl.config import ConfigError, load_config
-from aepo_rl.engines import build_engine
+from aepo_rl.engines import build_engine, check_entropy_measure
 from aepo_rl.models import encode_prompt
 from aepo_rl.registry import PluginError, Registry, UnknownNameError, load_plugin, load_plugins
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
+from aepo_rl.train.pipeline import train_main
 from aepo_rl.train.rl import RLTrainer
 from conftest import build_tiny_model
 from fakes import FakeEngine
@@ -92,7 +93,31 @@ def test_built_in_entries_declare_what_the_trainer_reads():
     assert [n for n in registry.REWARDS if registry.REWARDS.capabilities(n)["binary"]] == \
         ["exact_match", "llm_judge", "math"]
     assert [n for n in registry.ENGINES if registry.ENGINES.capabilities(n)["shares_weights"]] == ["hf"]
-    assert registry.ENGINES.capabilities("openai")["entropies"] == ("top10_proxy",)
+    assert registry.ENGINES.capabilities("openai")["entropies"] == ("surprisal", "top10_proxy")
+    assert registry.ENGINES.capabilities("hf")["entropies"] == ("full", "surprisal", "top10_proxy")
+
+
+def test_an_entropy_measure_the_engine_cannot_give_is_refused_at_start(tmp_path):
+    """§1.2: branching on another quantity than the configured one is refused, never substituted."""
+    overrides = {"rollout.engine": "openai", "rollout.entropy_measure": "full"}
+    with pytest.raises(ConfigError, match=r"rollout.entropy_measure='full' cannot be computed by "
+                                          r"rollout.engine='openai'; it gives \['surprisal', 'top10_proxy'\]"):
+        check_entropy_measure(load_config(overrides=overrides))
+    check_entropy_measure(load_config(overrides={**overrides, "rollout.mode": "independent"}))  # no decisions
+    check_entropy_measure(load_config(overrides={**overrides, "rollout.entropy_measure": "surprisal"}))
+
+    @registry.register_engine("hf_without_full", shares_weights=True, entropies=("surprisal",))
+    def hf_without_full(cfg, model, tokenizer):
+        raise AssertionError("the check must come before any engine is built")
+
+    try:
+        cfg = load_config(overrides={"rollout.engine": "hf_without_full", "trainer.run_dir": str(tmp_path),
+                                     "trainer.run_name": "refused"})
+        with pytest.raises(ConfigError, match="it gives \\['surprisal'\\]"):
+            train_main(cfg)
+        assert not (tmp_path / "refused").exists()  # refused before the run folder or the task exist
+    finally:
+        del registry.ENGINES["hf_without_full"]
 
 
 def test_config_choices_are_the_registered_names():

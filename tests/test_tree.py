@@ -91,6 +91,10 @@ def test_entropy_measures_and_delta():
     assert step_entropy(seg, "top10_proxy", 20, 1000) == pytest.approx(10 / math.log(1000))  # sum of 20 × 0.5
     assert entropy_delta(3.0, 1.0, "full", 1000) == pytest.approx(2 / math.log(1000))
     assert entropy_delta(0.3, 0.1, "top10_proxy", 1000) == pytest.approx(0.2)
+    seg = Segment([1] * 30, [-0.1 * i for i in range(30)], [0.0] * 30, [])
+    assert step_entropy(seg, "surprisal", 20, 1000) == pytest.approx(0.95)  # mean of 0.0..1.9
+    assert step_entropy(Segment([], [], [], []), "surprisal", 20, 1000) == 0.0
+    assert entropy_delta(3.0, 1.0, "surprisal", 1000) == pytest.approx(2 / math.log(1000))
 
 
 def test_premonitor_formulas():

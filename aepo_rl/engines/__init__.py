@@ -8,7 +8,7 @@ import os
 from aepo_rl.engines.base import GenerationEngine, SamplingParams, Segment
 from aepo_rl.registry import ENGINES, register_engine
 
-__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "register_engine"]
+__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure", "register_engine"]
 
 VLLM_HOWTO = (
     "rollout.engine=vllm: vLLM is used through its OpenAI-compatible server. Serve the policy with "
@@ -25,7 +25,21 @@ def build_engine(cfg, model, tokenizer) -> GenerationEngine:
     return ENGINES.lookup(cfg.rollout.engine)(cfg, model, tokenizer)
 
 
-@register_engine("hf", shares_weights=True, entropies=("full", "top10_proxy"))
+def check_entropy_measure(cfg) -> None:
+    """Refuse, before any work, a tree rollout whose engine cannot give ``rollout.entropy_measure``
+    (§1.2): the branching and pre-monitoring decisions would read another quantity. Independent
+    rollouts (``rollout.mode=independent``, evaluation) make no entropy decision and pass."""
+    from aepo_rl.config import ConfigError
+
+    rollout = cfg.rollout
+    supported = ENGINES.capabilities(rollout.engine)["entropies"]
+    if rollout.mode != "independent" and rollout.entropy_measure not in supported:
+        raise ConfigError(f"rollout.entropy_measure={rollout.entropy_measure!r} cannot be computed by "
+                          f"rollout.engine={rollout.engine!r}; it gives {list(supported) or 'none'} "
+                          f"(set rollout.entropy_measure to one of them, or rollout.mode=independent)")
+
+
+@register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"))
 def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
@@ -33,7 +47,7 @@ def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     return HFEngine(model, tokenizer, seed=cfg.rollout.seed)
 
 
-@register_engine("openai", entropies=("top10_proxy",))
+@register_engine("openai", entropies=("surprisal", "top10_proxy"))
 def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
     """An OpenAI-compatible server at ``rollout.engine_url`` serving ``rollout.engine_model`` (or
     ``model.path``); its ``entropies`` are a top-k proxy, not the full entropy."""

@@ -75,11 +75,12 @@ def print_rollout(result: RolloutResult, console: Console, entropy_segment: str 
 
 def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool) -> int:
     """Build task, policy and engine from ``cfg``; roll out the first K training prompts once."""
-    from aepo_rl.engines import build_engine
+    from aepo_rl.engines import build_engine, check_entropy_measure
     from aepo_rl.models import encode_prompt, load_policy
     from aepo_rl.tasks import get_task
 
     console = Console()
+    check_entropy_measure(cfg)
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     task = get_task(cfg)

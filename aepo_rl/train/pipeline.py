@@ -43,7 +43,7 @@ from rich.table import Table
 
 from aepo_rl import registry
 from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, validate
-from aepo_rl.engines import build_engine
+from aepo_rl.engines import build_engine, check_entropy_measure
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.progress import get_console
@@ -66,9 +66,11 @@ def train_main(cfg: Config | None, resume: str | None = None, overrides: dict | 
     if resume is not None:
         run_dir = Path(resume)
         cfg, changed = resume_config(run_dir, overrides or {})
+        check_rl_engine(cfg)
         get_console().print(f"[bold]resuming[/] {run_dir}")
         _forget_stale_results(run_dir, changed)
     else:
+        check_rl_engine(cfg)
         run_dir = new_run_dir(cfg)
         ckpt.atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
         get_console().print(f"[bold]run folder[/] {run_dir}")
@@ -261,10 +263,7 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     ``{"<task>/<split>": {"pass@1", "pass@k", "k", "num_questions", ...}}``, also stored as
     ``eval.json["rl"]``. Raises :class:`RunInterrupted` after Ctrl-C.
     """
-    if not registry.ENGINES.capabilities(cfg.rollout.engine)["shares_weights"]:
-        sharing = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]]
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
-                          f"the policy's weights (a server would keep sampling the old policy): one of {sharing}")
+    check_rl_engine(cfg)
     run_dir = Path(run_dir)
     task = task or _get_task(cfg)
     trainer, history = _rl_trainer(cfg, init_model_dir, run_dir / "checkpoints", task)
@@ -275,6 +274,16 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
     stored["rl"] = results
     ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(stored, indent=2))
     return results
+
+
+def check_rl_engine(cfg: Config) -> None:
+    """Refuse, before any work, an engine the built-in RL trainer cannot train with: one that does
+    not share the policy's weights, or cannot give the configured step-entropy measure."""
+    if not registry.ENGINES.capabilities(cfg.rollout.engine)["shares_weights"]:
+        sharing = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]]
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
+                          f"the policy's weights (a server would keep sampling the old policy): one of {sharing}")
+    check_entropy_measure(cfg)
 
 
 def _rl_trainer(cfg: Config, init_model_dir: str, checkpoint_dir: Path, task: Task) -> tuple[RLTrainer, list[dict]]:

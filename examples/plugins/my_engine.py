@@ -41,6 +41,6 @@ class CountingEngine:
         return {**self.engine.stats(), "generate_calls": self.calls, "sequences": self.sequences}
 
 
-@register_engine("counting_hf", shares_weights=True, entropies=("full", "top10_proxy"))
+@register_engine("counting_hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"))
 def counting_hf_engine(cfg, model, tokenizer):
     return CountingEngine(HFEngine(model, tokenizer, seed=cfg.rollout.seed))
