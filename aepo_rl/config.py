@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +23,11 @@ import yaml
 
 from aepo_rl import registry
 from aepo_rl.errors import UserError
+
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+"""The values ``trainer.device`` accepts (``aepo_rl.models.resolve_device`` turns them into a torch device)."""
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class ConfigError(UserError, ValueError):
@@ -191,7 +197,10 @@ class TrainerConfig:
     grad_clip: float = knob(1.0, "Gradient-norm clip (§2.4).", gt=0)
     lr_schedule: str = knob("constant", "Learning-rate schedule (§2.4: constant).", choices=("constant", "cosine"))
     warmup_steps: int = knob(0, "Linear warm-up steps.", ge=0)
-    bf16: bool = knob(False, "bf16 autocast for the forward passes.")
+    bf16: bool = knob(False, "bf16 autocast for the forward passes (on the device's type, docs/gpu.md).")
+    device: str = knob("auto", "Device of the policy, the reference model, every training batch and the HF engine's "
+                               "caches and sampler: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N "
+                               "(docs/gpu.md).")
     eval_every: int = knob(0, "Evaluate every k steps (0 = only before and after).", ge=0)
     save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
     keep_checkpoints: int = knob(2, "Keep only the newest k step checkpoints (the SFT model is always kept).", ge=1)
@@ -374,6 +383,9 @@ def validate(cfg: Config) -> Config:
                     bounds.append(f"<= {meta['le']}")
                 if bounds:
                     raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
+    if not DEVICE_NAME.fullmatch(cfg.trainer.device):
+        raise ConfigError(f"trainer.device={cfg.trainer.device!r} is not allowed; choose one of {list(DEVICES)} "
+                          "(N = a GPU index, e.g. cuda:1)")
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
         raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aepo_rl.config import ConfigError
 from aepo_rl.errors import MissingExtraError, UserError, disk_full_as_oserror
 from aepo_rl.protocol import token_tags
 
@@ -63,22 +64,52 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
-    """The policy ``(model, tokenizer)`` named by ``cfg.model.path`` (HF dir | "smollm2" | None = tiny).
+def resolve_device(name: str) -> torch.device:
+    """``trainer.device`` as a torch device: ``auto`` is cuda when torch sees a GPU, else cpu (docs/gpu.md).
 
-    The tiny model needs ``task``: its tokenizer is trained on ``task.texts()``. LoRA is not
-    applied here; call :func:`apply_lora` on the result (it is a no-op when ``lora_rank`` is 0).
+    ConfigError when a GPU is asked for that torch does not see (a CPU build of torch, no GPU, or
+    fewer GPUs than the index)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= seen:
+            build = "" if torch.version.cuda else " (this torch is a CPU build)"
+            raise ConfigError(f"trainer.device={name!r}, but torch sees {seen} CUDA device(s){build}; "
+                              "use trainer.device=auto or cpu, or a GPU index below the count")
+    return device
+
+
+def model_device(model) -> torch.device:
+    """Where ``model``'s parameters live: ``trainer.device`` for a model from :func:`load_policy`. The
+    trainer, SFT and the HF engine put their tensors there (the CPU for a module without parameters)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
+    """The policy ``(model, tokenizer)`` named by ``cfg.model.path`` (HF dir | "smollm2" | None = tiny),
+    in ``model.dtype``, on ``trainer.device``.
+
+    The tiny model needs ``task``: its tokenizer is trained on ``task.texts()``; it is built and
+    cached on the CPU whatever the device, so the cached build is the same on every machine.
+    LoRA is not applied here; call :func:`apply_lora` on the result (it is a no-op when
+    ``lora_rank`` is 0).
     """
     path, dtype = cfg.model.path, torch_dtype(cfg.model.dtype)
+    device = resolve_device(cfg.trainer.device)
     if path is None:
         if task is None:
             raise ValueError("model.path is None (the tiny default model), which trains its tokenizer on "
                              "the task's text: pass the task to load_policy(cfg, task)")
         folder = build_tiny_model(cfg.model, task.texts(), seed=cfg.trainer.seed)
-        return _load_hf_dir(folder, dtype)
-    if path == "smollm2":
-        return _load_hf_dir(_smollm2_dir(cfg.model), dtype)
-    return _load_hf_dir(check_model_dir(path), dtype)
+    elif path == "smollm2":
+        folder = _smollm2_dir(cfg.model)
+    else:
+        folder = check_model_dir(path)
+    model, tokenizer = _load_hf_dir(folder, dtype)
+    return model.to(device), tokenizer
 
 
 def check_model_dir(path: str) -> Path:

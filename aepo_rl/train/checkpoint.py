@@ -98,13 +98,14 @@ def save_checkpoint(checkpoint_dir: str | Path, step: int, model, tokenizer, sta
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict:
-    """The ``trainer_state.pt`` of a checkpoint (our own file, so full unpickling is safe).
+    """The ``trainer_state.pt`` of a checkpoint (our own file, so full unpickling is safe), its tensors on
+    the CPU whatever device saved them: the optimizer and LoRA restore move them to the policy's device.
 
     Checkpoints written before the trainer owned its rollout state kept the release-quirk
     baselines (§1.4) at the top level as ``slot_baselines``; they are moved to where the trainer
     reads them now.
     """
-    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False)
+    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False, map_location="cpu")
     if "slot_baselines" in state:
         state["trainer"].setdefault("rollout", {"slot_baselines": state.pop("slot_baselines")})
     return state

@@ -45,16 +45,18 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
     """Train ``model`` in place on repeated random sequences for at most ``steps`` AdamW steps,
     stopping once it copies: argmax accuracy ≥ ``COPY_TARGET`` on the repeated half of a fresh
     batch (measured before that batch's update). Returns the losses, one per step taken.
+    Batches are drawn on the CPU (the same on every device) and moved to the model's device.
 
     ``on_step(loss, accuracy)``, when given, is called after each step (progress display)."""
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     pool = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=COPY_LR, betas=(0.9, 0.95), weight_decay=0.01)
+    device = next(model.parameters()).device
     model.train()
     losses = []
     for _ in range(steps):
-        ids, mask = copy_batch(pool, COPY_BATCH, generator)
+        ids, mask = (t.to(device) for t in copy_batch(pool, COPY_BATCH, generator))
         # the rows packed (a third of the batch is padding) and only real targets through the LM head (train/forward.py)
         targets = mask[:, 1:].bool()
         logits = lm_head(model, packed_hidden(model, ids, mask.sum(1))[:, :-1][targets])
@@ -76,7 +78,7 @@ def repeated_half(mask: torch.Tensor) -> torch.Tensor:
     """[B, T-1] bool over next-token targets: the second copy's tokens after its first, the ones
     only a model that copies can predict."""
     lengths = mask.sum(1, keepdim=True) // 2
-    target = torch.arange(1, mask.shape[1])
+    target = torch.arange(1, mask.shape[1], device=mask.device)
     return (target >= lengths + 1) & (target < 2 * lengths)
 
 

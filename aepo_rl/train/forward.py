@@ -65,8 +65,10 @@ def packed_hidden(model, input_ids: torch.Tensor, lengths: torch.Tensor) -> torc
     them, each sequence at positions counting from 0 again, which transformers turns into a
     block-causal mask (a token sees only its own sequence). Returns [B, T, H] in the input's
     layout (zeros at pads): the same as the padded batch at every real token, for the work of
-    the real tokens (the copy warm-up's rows are a third padding)."""
+    the real tokens (the copy warm-up's rows are a third padding). The layout is computed on the
+    CPU; the tokens and hidden states stay on ``input_ids``' device."""
     rows, width = input_ids.shape
+    device, lengths = input_ids.device, lengths.cpu()
     free: list[int] = []  # room left in each packed row
     start = torch.zeros(rows, dtype=torch.long)
     packed_row = torch.zeros(rows, dtype=torch.long)
@@ -80,8 +82,8 @@ def packed_hidden(model, input_ids: torch.Tensor, lengths: torch.Tensor) -> torc
     column = torch.arange(width)
     real = column < lengths[:, None]  # [B, T]
     target = (packed_row[:, None] * width + start[:, None] + column)[real]  # flat packed index of each real token
-    ids = torch.zeros(len(free) * width, dtype=input_ids.dtype)
-    ids[target] = input_ids[real]
+    ids = input_ids.new_zeros(len(free) * width)
+    ids[target.to(device)] = input_ids[real.to(device)]
     positions = column.repeat(len(free))  # pads continue the row's last sequence: they follow it, nothing sees them
     positions[target] = column.expand(rows, -1)[real]
     for r in range(len(free)):  # a row's tail after its last sequence counts on from it
@@ -89,9 +91,10 @@ def packed_hidden(model, input_ids: torch.Tensor, lengths: torch.Tensor) -> torc
         if 0 < used < width:
             positions[r * width + used:(r + 1) * width] = positions[r * width + used - 1] + 1 + torch.arange(width - used)
     decoder = language_model(model).get_decoder()
-    hidden = decoder(input_ids=ids.view(-1, width), position_ids=positions.view(-1, width), use_cache=False).last_hidden_state
+    hidden = decoder(input_ids=ids.view(-1, width), position_ids=positions.to(device).view(-1, width),
+                     use_cache=False).last_hidden_state
     out = hidden.new_zeros(rows, width, hidden.shape[-1])
-    out[real] = hidden.reshape(-1, hidden.shape[-1])[target]
+    out[real.to(device)] = hidden.reshape(-1, hidden.shape[-1])[target.to(device)]
     return out
 
 

@@ -33,7 +33,6 @@ import logging
 import math
 import time
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +43,7 @@ from aepo_rl import algorithms, registry
 from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
-from aepo_rl.models import encode_prompt
+from aepo_rl.models import encode_prompt, model_device
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutState, run_rollout
@@ -106,7 +105,8 @@ class Batch:
 
     Response token j of row i sits at position ``prompt_lengths[i] + j`` of ``input_ids[i]``;
     every response tensor is ``[rows, R]`` with R the longest response of the whole RL batch, so
-    loss aggregation sees the same width in every micro-batch.
+    loss aggregation sees the same width in every micro-batch. :func:`collate` builds it on the
+    CPU; the trainer moves it to the policy's device at once (:meth:`to`).
     """
 
     input_ids: torch.Tensor       # [B, T] prompt + response, right-padded
@@ -125,6 +125,10 @@ class Batch:
         longest = int(self.sequence_lengths[index].max())
         return Batch(self.input_ids[index, :longest], self.prompt_lengths[index], self.sequence_lengths[index],
                      self.responses[index], self.response_mask[index], self.group_index[index])
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (itself when it is there already)."""
+        return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id: int) -> Batch:
@@ -160,15 +164,15 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     The rows' common prefix (the system message) runs once and no attention mask is needed
     (right padding, ``train/forward.py``); only positions from the shortest prompt on are
     projected onto the vocabulary, then each row's response positions are gathered. Log-softmax
-    runs in float32. ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise
+    runs in float32; bf16 autocast runs on the batch's device type. ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise
     it is detached.
     """
     first = int(batch.prompt_lengths.min()) - 1  # the position that predicts the earliest response token
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-    with autocast:
+    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = lm_head(model, decoder_hidden(model, batch.input_ids)[:, first:])
     # Response token j of row i is predicted at position prompt_length_i − 1 + j (pads: any valid one).
-    positions = batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None, :]
+    width = torch.arange(batch.responses.shape[1], device=batch.responses.device)
+    positions = batch.prompt_lengths[:, None] - 1 + width[None, :]
     index = (positions - first).clamp(max=logits.shape[1] - 1)
     logits = logits.float().gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
     if temperature != 1:
@@ -189,15 +193,16 @@ def train_temperature(cfg: Config) -> float:
 
 
 def recorded(trajectories: list[Trajectory], field: str, like: torch.Tensor) -> torch.Tensor:
-    """The engine's per-token ``logprobs`` or ``entropies`` of each trajectory as a right-padded tensor shaped like ``like``."""
-    out = torch.zeros_like(like)
+    """The engine's per-token ``logprobs`` or ``entropies`` of each trajectory as a right-padded tensor
+    shaped like ``like`` (filled on the CPU, then moved to ``like``'s device at once)."""
+    out = torch.zeros(like.shape, dtype=like.dtype)
     for i, traj in enumerate(trajectories):
         values = getattr(traj, field)
         if len(values) != len(traj.response_token_ids):
             raise ValueError(f"trajectory {traj.prompt_id}/{traj.traj_id}: {field} has {len(values)} entries "
                              f"for {len(traj.response_token_ids)} response tokens")
         out[i, :len(values)] = torch.tensor(values, dtype=out.dtype)
-    return out
+    return out.to(like.device)
 
 
 def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
@@ -229,10 +234,10 @@ def last_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     A row without a trained token (only tool output) gets its score on position 0, where it is
     masked out of every loss anyway.
     """
-    positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)
+    positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(response_mask)
     last = torch.where(response_mask > 0, positions, -1).max(dim=1).values.clamp(min=0)
     rewards = torch.zeros_like(response_mask)
-    rewards[torch.arange(len(scores)), last] = scores
+    rewards[torch.arange(len(scores), device=response_mask.device), last] = scores.to(rewards.device)
     return rewards
 
 
@@ -286,7 +291,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         stats = algorithms.entropy_stats(fixed.old_entropy[rows], mini_mask, algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
-    for positions in torch.split(torch.arange(len(rows)), cfg.trainer.micro_batch_size):
+    for positions in torch.split(torch.arange(len(rows), device=rows.device), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
         share = algorithms.micro_batch_weight(micro_mask, mini_mask, algo.loss_agg_mode)
@@ -356,6 +361,9 @@ class RLTrainer:
             raise ConfigError(f"algorithm.overlong_buffer_len={cfg.algorithm.overlong_buffer_len} must be <= "
                               f"rollout.max_response_length={cfg.rollout.max_response_length}")
         self.cfg, self.model, self.tokenizer, self.task, self.engine = cfg, model, tokenizer, task, engine
+        self.device = model_device(model)
+        """Where the policy lives (``trainer.device`` through ``load_policy``): the reference model and
+        every training tensor go there too."""
         self.examples = task.examples("train")
         if not self.examples:
             raise ValueError(f"task {task.name!r} has no train examples")
@@ -371,7 +379,7 @@ class RLTrainer:
         self.kl_on = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
         if self.kl_on and ref_model is None:
             ref_model = copy.deepcopy(model)
-        self.ref_model = ref_model.eval().requires_grad_(False) if self.kl_on else None
+        self.ref_model = ref_model.to(self.device).eval().requires_grad_(False) if self.kl_on else None
         self.global_step = 0
         self.last_rollout: list[dict] = []
         """Trajectories of the latest step as JSON records (with score and advantage), for rollouts/step_<k>.jsonl."""
@@ -449,8 +457,8 @@ class RLTrainer:
         """Old policy → rewards → advantages → PPO epochs over mini-batches; returns the step's metrics."""
         trajectories = [t for g in groups for t in g.trajectories]
         group_index = [i for i, g in enumerate(groups) for _ in g.trajectories]
-        batch = collate(trajectories, group_index, self.tokenizer.pad_token_id)
-        scores = torch.tensor([s for g in groups for s in g.scores])
+        batch = collate(trajectories, group_index, self.tokenizer.pad_token_id).to(self.device)
+        scores = torch.tensor([s for g in groups for s in g.scores], device=self.device)
         mini_batches = self._mini_batches(batch, len(groups))
 
         t0 = time.perf_counter()
@@ -503,7 +511,7 @@ class RLTrainer:
                              and algo.entropy_adv_coef > 0 and algo.entropy_adv_scope != "micro-batch"
                              and not engine_has_old_entropy)
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
-        needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool)
+        needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool, device=self.device)
         if reuse_first:
             needs_old_pass[first_mini_batch] = False
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
@@ -512,7 +520,7 @@ class RLTrainer:
             old_entropy = recorded(trajectories, "entropies", batch.response_mask)
         ref_log_probs = None
         if self.kl_on:
-            ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows),
+            ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows, device=self.device),
                                                 cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
         return FixedTensors(old_log_probs, old_entropy, ref_log_probs=ref_log_probs), reuse_first
 
@@ -548,7 +556,7 @@ class RLTrainer:
             extra["kl"] = kl
         needs_anchor_keys = registry.ADVANTAGE_ESTIMATORS.needs(algo.adv_estimator, "anchor_keys")
         if needs_anchor_keys:
-            extra["anchor_keys"] = anchor_keys(trajectories, group_index, mask.shape[1])
+            extra["anchor_keys"] = anchor_keys(trajectories, group_index, mask.shape[1]).to(mask.device)
         advantages, _returns = self.advantage_estimator(token_rewards, mask, batch.group_index, config=algo, **extra)
         return advantages
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
-from aepo_rl.models import apply_lora, encode_prompt
+from aepo_rl.models import apply_lora, encode_prompt, model_device
 from aepo_rl.protocol import ANSWER, ANSWER_CLOSE
 from aepo_rl.train.forward import decoder_hidden, lm_head
 
@@ -54,8 +54,9 @@ def tokenize_demonstration(tokenizer, demo: Demonstration, max_length: int) -> S
     return SFTSample(ids[:max_length], mask[:max_length])
 
 
-def collate(samples: list[SFTSample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch: ``input_ids``, ``attention_mask``, ``loss_mask`` of shape [B, T]."""
+def collate(samples: list[SFTSample], pad_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Right-pad a batch: ``input_ids``, ``attention_mask``, ``loss_mask`` of shape [B, T], built on the
+    CPU and moved to ``device`` (the policy's) at once."""
     width = max(len(s.input_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
@@ -65,7 +66,7 @@ def collate(samples: list[SFTSample], pad_id: int) -> dict[str, torch.Tensor]:
         ids[row, :n] = torch.tensor(s.input_ids)
         attention[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": loss_mask.to(device)}
 
 
 def batches_for_epoch(samples: list[SFTSample], batch_size: int, rng: random.Random) -> list[list[SFTSample]]:
@@ -86,10 +87,11 @@ def trained_logits(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[t
 
     The rows' common prefix (the system message) runs once (``train/forward.py``), and only
     the trained positions go through the LM head: most tokens of a demonstration are prompt or
-    tool result, so this skips most of the head's work and the full-vocabulary softmax.
+    tool result, so this skips most of the head's work and the full-vocabulary softmax. bf16
+    autocast runs on the batch's device type.
     """
     predicts_trained = batch["loss_mask"][:, 1:].bool()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(batch["input_ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
         hidden = decoder_hidden(model, batch["input_ids"])
         logits = lm_head(model, hidden[:, :-1][predicts_trained])
     return logits.float(), batch["input_ids"][:, 1:][predicts_trained]
@@ -117,7 +119,7 @@ def token_accuracy(model, samples: list[SFTSample], tokenizer, batch_size: int, 
     open_id, close_id = vocab.get(f"<{ANSWER}>"), vocab.get(ANSWER_CLOSE)
     hits = count = answers_right = answers = 0
     for start in range(0, len(samples), batch_size):
-        batch = collate(samples[start:start + batch_size], tokenizer.pad_token_id)
+        batch = collate(samples[start:start + batch_size], tokenizer.pad_token_id, model_device(model))
         logits, targets_flat = trained_logits(model, batch, bf16)
         targets, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:].bool()
         right = torch.zeros_like(mask)
@@ -173,7 +175,7 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     with PhaseProgress("SFT", total_steps) as progress:
         for epoch in range(sft.epochs):
             for batch_samples in batches_for_epoch(samples, sft.batch_size, rng):
-                batch = collate(batch_samples, tokenizer.pad_token_id)
+                batch = collate(batch_samples, tokenizer.pad_token_id, model_device(model))
                 loss, count = masked_lm_loss(trainee, batch, cfg.trainer.bf16)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
