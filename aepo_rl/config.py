@@ -53,6 +53,10 @@ def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = 
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
     dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
+    gradient_checkpointing: bool = knob(False, "Recompute each decoder layer's activations in the backward pass instead of "
+                                               "keeping them (transformers' non-reentrant gradient checkpointing): less "
+                                               "memory for more compute; training forwards then run every row whole, "
+                                               "without the shared prefix (docs/gpu.md).")
     tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
     tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 here, see docs/results.md).", ge=1)
     tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)

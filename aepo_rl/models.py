@@ -90,7 +90,7 @@ def model_device(model) -> torch.device:
 
 def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
     """The policy ``(model, tokenizer)`` named by ``cfg.model.path`` (HF dir | "smollm2" | None = tiny),
-    in ``model.dtype``, on ``trainer.device``.
+    in ``model.dtype``, on ``trainer.device``, with gradient checkpointing when ``model.gradient_checkpointing``.
 
     The tiny model needs ``task``: its tokenizer is trained on ``task.texts()``; it is built and
     cached on the CPU whatever the device, so the cached build is the same on every machine.
@@ -109,7 +109,20 @@ def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
     else:
         folder = check_model_dir(path)
     model, tokenizer = _load_hf_dir(folder, dtype)
-    return model.to(device), tokenizer
+    model = model.to(device)
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model, tokenizer
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' gradient checkpointing of every decoder layer, non-reentrant (so LoRA needs no
+    input-gradient hook). transformers 5 calls it activation checkpointing and deprecates the old name."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def check_model_dir(path: str) -> Path:

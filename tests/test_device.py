@@ -1,4 +1,5 @@
-"""trainer.device: validation, resolution, and the CPU results of `auto` on a machine without a GPU."""
+"""trainer.device (validation, resolution, the CPU results of `auto` on a machine without a GPU) and
+model.gradient_checkpointing in training."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from aepo_rl import models
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
-from aepo_rl.models import load_policy, model_device, resolve_device
+from aepo_rl.models import enable_gradient_checkpointing, load_policy, model_device, resolve_device
+from aepo_rl.train.forward import recomputes_layers
 from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft import run_sft
 from conftest import build_tiny_model
@@ -49,11 +51,14 @@ def test_a_gpu_torch_does_not_see_is_an_error_naming_the_key(monkeypatch):
         resolve_device("cuda:2")
 
 
-def test_load_policy_puts_the_model_on_the_resolved_device(tmp_path, monkeypatch):
+def test_load_policy_puts_the_model_on_the_resolved_device_with_checkpointing_as_asked(tmp_path, monkeypatch):
     placed = []
     monkeypatch.setattr(models, "resolve_device", lambda name: placed.append(name) or torch.device("cpu"))
     model, _ = load_policy(tiny_cfg(tmp_path, **{"trainer.device": "cpu"}), TextTask())
     assert placed == ["cpu"] and model_device(model) == torch.device("cpu")
+    assert not recomputes_layers(model.train())
+    model, _ = load_policy(tiny_cfg(tmp_path, **{"model.gradient_checkpointing": True}), TextTask())
+    assert recomputes_layers(model.train()) and not recomputes_layers(model.eval())
 
 
 def _rl_and_sft_numbers(tokenizer, device: str) -> dict:
@@ -81,3 +86,29 @@ def test_auto_on_a_machine_without_gpu_gives_the_cpu_numbers_exactly(tiny_tokeni
     auto_numbers, auto_weights = _rl_and_sft_numbers(copy.deepcopy(tiny_tokenizer), "auto")
     assert auto_numbers == cpu_numbers  # exact: same floats, not approximately
     assert all(torch.equal(a, b) for a, b in zip(auto_weights, cpu_weights))
+
+
+def test_an_rl_step_and_sft_with_gradient_checkpointing_match_the_plain_ones(tiny_tokenizer):
+    """Same rollout, and an update equal up to float summation order (the rows run whole instead of
+    sharing their prefix, train/forward.py)."""
+    results = []
+    for checkpointing in (False, True):
+        cfg = load_config(overrides=TINY_RL)
+        model = build_tiny_model(tiny_tokenizer, seed=1)
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+        metrics = {k: v for k, v in trainer.step().items() if not k.startswith("timing_s/") and not k.endswith("per_s")}
+        sft_model = build_tiny_model(tiny_tokenizer, seed=0)
+        if checkpointing:
+            enable_gradient_checkpointing(sft_model)
+        sft = run_sft(load_config(overrides={"sft.epochs": 1, "sft.batch_size": 4}), sft_model, tiny_tokenizer,
+                      [demo(f"Who founded Velmora {i}?") for i in range(8)])
+        results.append((metrics, sft["loss_curve"], [p.detach().clone() for p in model.parameters()]))
+    (plain, plain_sft, plain_weights), (checkpointed, checkpointed_sft, checkpointed_weights) = results
+    assert checkpointed.keys() == plain.keys()
+    for key, value in plain.items():
+        assert checkpointed[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert checkpointed_sft == pytest.approx(plain_sft, rel=1e-5)
+    for a, b in zip(checkpointed_weights, plain_weights):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from aepo_rl.train.forward import MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, lm_head, packed_hidden
+from aepo_rl.models import enable_gradient_checkpointing
+from aepo_rl.train.forward import (MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, language_model, lm_head,
+                                   packed_hidden, recomputes_layers)
 from tests.conftest import build_tiny_model
 
 
@@ -51,15 +53,7 @@ def test_shared_prefix_gives_the_full_batch_outputs_and_gradients(tiny_tokenizer
 def test_shared_prefix_runs_the_prefix_once(tiny_tokenizer, monkeypatch):
     model = build_tiny_model(tiny_tokenizer)
     ids = _batch(12, torch.Generator().manual_seed(0), vocab=len(tiny_tokenizer))
-    seen = []
-    decoder = model.get_decoder()
-    original = decoder.forward
-
-    def spy(*args, input_ids=None, **kwargs):
-        seen.append(tuple(input_ids.shape))
-        return original(*args, input_ids=input_ids, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", spy)
+    seen = _spy_on_decoder(model, monkeypatch)
     decoder_hidden(model, ids)
     common = common_prefix_length(ids)
     assert seen == [(1, common), (5, 30 - common)]
@@ -81,6 +75,49 @@ def test_shared_prefix_with_lora_adapters(tiny_tokenizer):
     assert lora and all(full_grads[name].abs().sum() > 0 for name in lora)
     for name in lora:
         torch.testing.assert_close(shared_grads[name], full_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def _spy_on_decoder(model, monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes of ``input_ids`` the model's decoder is called with, from now on."""
+    seen = []
+    decoder = model.get_decoder()
+    original = decoder.forward
+
+    def spy(*args, input_ids=None, **kwargs):
+        seen.append(tuple(input_ids.shape))
+        return original(*args, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", spy)
+    return seen
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_runs_whole_rows_with_the_same_outputs_and_gradients(tiny_tokenizer, monkeypatch, lora):
+    """Checkpointed layers drop the key/value cache (a shared prefix would be silently lost), so the
+    training forward runs every row whole; a pass without gradients still shares the prefix."""
+    model = build_tiny_model(tiny_tokenizer).train()
+    if lora:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+    ids = _batch(12, torch.Generator().manual_seed(3), vocab=len(tiny_tokenizer))
+    plain, plain_grads = _hidden_and_grads(model, ids, share_prefix=False)
+    assert not recomputes_layers(model)
+    enable_gradient_checkpointing(language_model(model))
+    assert recomputes_layers(model)
+    seen = _spy_on_decoder(model, monkeypatch)
+    checkpointed, grads = _hidden_and_grads(model, ids, share_prefix=True)
+    assert seen == [tuple(ids.shape)]
+    assert torch.equal(checkpointed, plain)
+    for name, grad in plain_grads.items():
+        assert torch.equal(grads[name], grad), name
+    seen.clear()
+    with torch.no_grad():
+        decoder_hidden(model, ids)
+    model.eval()
+    decoder_hidden(model, ids)
+    common = common_prefix_length(ids)
+    assert seen == [(1, common), (5, 30 - common)] * 2
 
 
 def test_packed_rows_give_the_padded_batch_at_every_real_token(tiny_tokenizer):

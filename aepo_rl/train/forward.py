@@ -8,7 +8,9 @@ synthetic task's ~120 tokens per demonstration). :func:`decoder_hidden` runs tha
 once, for one row, and the rest of every row on top of its key/value cache repeated over the
 batch. Causal attention makes this the same computation as the full batch (outputs equal up to
 float summation order), gradients included: the prefix's activations are in the graph once and
-receive the sum of every row's gradient.
+receive the sum of every row's gradient. Under gradient checkpointing transformers drops the
+cache inside each recomputed layer, so a training forward then runs every row whole; passes
+without gradients (the old policy's log-probs) still share the prefix.
 
 The copy warm-up's rows share nothing but are a third padding: :func:`packed_hidden` packs them
 into fewer rows (block-causal attention, positions restarting per sequence) and unpacks the
@@ -37,16 +39,29 @@ def common_prefix_length(input_ids: torch.Tensor) -> int:
     return int(same.long().cumprod(0).sum())
 
 
+def recomputes_layers(model) -> bool:
+    """Whether this forward runs under gradient checkpointing (enabled, training mode, gradients on).
+    transformers then drops the key/value cache inside every layer, so a forward cannot continue
+    from a cached prefix."""
+    lm = language_model(model)
+    enabled = getattr(lm, "is_activation_checkpointing", None)  # transformers 5; before: is_gradient_checkpointing
+    if enabled is None:
+        enabled = getattr(lm, "is_gradient_checkpointing", False)
+    return bool(enabled) and lm.training and torch.is_grad_enabled()
+
+
 def decoder_hidden(model, input_ids: torch.Tensor, share_prefix: bool = True) -> torch.Tensor:
     """Last hidden states [B, T, H] of right-padded ``input_ids`` [B, T] (no attention mask).
 
     With ``share_prefix`` the rows' common prefix (when at least :data:`MIN_SHARED_PREFIX`
     tokens, and at least one token of every row after it) runs once, and the rest of the rows
     continue from its cache. For decoders whose forward takes ``past_key_values`` (every
-    transformers causal LM)."""
+    transformers causal LM). Under gradient checkpointing (:func:`recomputes_layers`) every row
+    runs whole: the layers would drop the prefix's cache."""
     decoder = language_model(model).get_decoder()
     rows, width = input_ids.shape
-    shared = min(common_prefix_length(input_ids), width - 1) if share_prefix and rows > 1 else 0
+    share_prefix = share_prefix and rows > 1 and not recomputes_layers(model)
+    shared = min(common_prefix_length(input_ids), width - 1) if share_prefix else 0
     if shared < MIN_SHARED_PREFIX:
         return decoder(input_ids=input_ids, use_cache=False).last_hidden_state
     from transformers import DynamicCache
