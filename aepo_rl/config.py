@@ -52,6 +52,11 @@ def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = 
 @dataclass
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
+    init: str | None = knob(None, "random:<name>: random weights of a registered real architecture (aepo_rl.registry."
+                                  "ARCHITECTURES), the vocabulary sized to the tokenizer of model.path (the task's tiny "
+                                  "tokenizer when unset), to measure speed and memory without weights (docs/gpu.md); "
+                                  "None: the weights of model.path.",
+                            choices=lambda: tuple(f"random:{name}" for name in _registered("ARCHITECTURES")))
     dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
     gradient_checkpointing: bool = knob(False, "Recompute each decoder layer's activations in the backward pass instead of "
                                                "keeping them (transformers' non-reentrant gradient checkpointing): less "

@@ -157,7 +157,7 @@ def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = N
         raise ConfigError(f"eval.split='{cfg.eval.split}': task '{task.name}' has no questions in that split")
     results = evaluate(engine, task, examples, cfg, cfg.eval.split, with_records=out_file is not None)
     records = {name: m.pop("records") for name, m in results.items() if "records" in m}
-    policy = f"{endpoint_model} at {endpoint}" if endpoint else (cfg.model.path or "tiny model")
+    policy = f"{endpoint_model} at {endpoint}" if endpoint else (cfg.model.init or cfg.model.path or "tiny model")
     print_results(results, title=f"pass@k of {policy}")
     for name, m in results.items():
         samples = m["num_questions"] * m["k"]

@@ -11,6 +11,9 @@ Three sources, chosen by ``cfg.model.path``:
   place of pretraining. It is built deterministically and
   cached under ``cfg.model.cache_dir``, keyed by a hash of the model config and the text.
 
+``cfg.model.init = "random:<name>"`` replaces the weights by random ones of a registered real
+architecture (``aepo_rl/architectures.py``), sized to the tokenizer of that source.
+
 Every checkpoint :func:`save_policy` writes is a standard HF directory that
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` open.
 """
@@ -94,22 +97,24 @@ def load_policy(cfg: Config, task: Task | None = None) -> tuple[Any, Any]:
 
     The tiny model needs ``task``: its tokenizer is trained on ``task.texts()``; it is built and
     cached on the CPU whatever the device, so the cached build is the same on every machine.
-    LoRA is not applied here; call :func:`apply_lora` on the result (it is a no-op when
-    ``lora_rank`` is 0).
+    With ``model.init=random:<name>`` the weights are random ones of that architecture
+    (:func:`init_random_model`) and only the tokenizer comes from ``model.path`` (unset: the tiny
+    tokenizer, trained without building the tiny model). LoRA is not applied here; call
+    :func:`apply_lora` on the result (it is a no-op when ``lora_rank`` is 0).
     """
     path, dtype = cfg.model.path, torch_dtype(cfg.model.dtype)
     device = resolve_device(cfg.trainer.device)
-    if path is None:
-        if task is None:
-            raise ValueError("model.path is None (the tiny default model), which trains its tokenizer on "
-                             "the task's text: pass the task to load_policy(cfg, task)")
-        folder = build_tiny_model(cfg.model, task.texts(), seed=cfg.trainer.seed)
-    elif path == "smollm2":
-        folder = _smollm2_dir(cfg.model)
+    if path is None and task is None:
+        raise ValueError("model.path is None (the tiny default model or tokenizer), which trains its tokenizer on "
+                         "the task's text: pass the task to load_policy(cfg, task)")
+    if cfg.model.init is not None:
+        tokenizer = (train_tiny_tokenizer(task.texts(), cfg.model.tiny_vocab_size) if path is None
+                     else _load_tokenizer(_policy_dir(cfg.model, task, seed=cfg.trainer.seed)))
+        model = init_random_model(cfg.model.init.removeprefix("random:"), tokenizer, dtype, device,
+                                  seed=cfg.trainer.seed)
     else:
-        folder = check_model_dir(path)
-    model, tokenizer = _load_hf_dir(folder, dtype)
-    model = model.to(device)
+        model, tokenizer = _load_hf_dir(_policy_dir(cfg.model, task, seed=cfg.trainer.seed), dtype)
+        model = model.to(device)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model, tokenizer
@@ -123,6 +128,37 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _policy_dir(model_cfg: ModelConfig, task: Task | None, seed: int) -> Path:
+    """The HF folder ``model.path`` names: the (cached) tiny build, SmolLM2's converted folder, or the path."""
+    if model_cfg.path is None:
+        return build_tiny_model(model_cfg, task.texts(), seed=seed)
+    if model_cfg.path == "smollm2":
+        return _smollm2_dir(model_cfg)
+    return check_model_dir(model_cfg.path)
+
+
+def init_random_model(name: str, tokenizer, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str = "cpu", seed: int = 0):
+    """A randomly initialised model of the registered architecture ``name`` (``model.init=random:<name>``,
+    :data:`aepo_rl.registry.ARCHITECTURES`), its vocabulary sized to ``tokenizer``.
+
+    The weights are created directly on ``device`` in ``dtype`` (seed ``seed``): an 8B shape in
+    bf16 on a GPU never exists as fp32 weights on the CPU. ``device="meta"`` gives the shape without
+    any memory (parameter counts, memory estimates).
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from aepo_rl.registry import ARCHITECTURES
+
+    config = ARCHITECTURES.lookup(name)(len(tokenizer))
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return model.eval()
 
 
 def check_model_dir(path: str) -> Path:
@@ -148,15 +184,23 @@ def check_model_dir(path: str) -> Path:
 
 
 def _load_hf_dir(folder: str | Path, dtype: torch.dtype) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # transformers' per-shard bars would clutter the run's rich console
+    tokenizer = _load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    return model.eval(), tokenizer
+
+
+def _load_tokenizer(folder: str | Path):
+    """The tokenizer of an HF folder; padding with EOS when it has no pad token."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    return model.eval(), tokenizer
+    return tokenizer
 
 
 # ---------------------------------------------------------------- tiny model

@@ -1,6 +1,6 @@
 """One registry per extension point, and the plugins that add to them.
 
-Six kinds of entry can be added without touching the package, each with its decorator:
+Seven kinds of entry can be added without touching the package, each with its decorator:
 
 - ``register_policy_loss`` → ``POLICY_LOSSES``: ``fn(old_log_prob, log_prob, advantages,
   response_mask, loss_agg_mode, config, entropy, *, entropy_stats, index) -> (loss, metrics)``;
@@ -9,7 +9,8 @@ Six kinds of entry can be added without touching the package, each with its deco
 - ``register_tool`` → ``TOOLS``: a factory ``(**options) -> Tool``;
 - ``register_reward`` → ``REWARDS``: ``fn(response, answers, question="") -> float``;
 - ``register_task`` → ``TASKS``: a factory ``(cfg: Config) -> Task``;
-- ``register_engine`` → ``ENGINES``: a factory ``(cfg, model, tokenizer) -> GenerationEngine``.
+- ``register_engine`` → ``ENGINES``: a factory ``(cfg, model, tokenizer) -> GenerationEngine``;
+- ``register_architecture`` → ``ARCHITECTURES``: a factory ``(vocab_size) -> transformers config``.
 
 An entry declares what it needs or provides as capabilities, and the trainer asks for those
 rather than for names: ``@register_policy_loss("aepo", needs=("entropy", "entropy_stats"))``,
@@ -205,12 +206,18 @@ built-in trainer needs this); entropies: the step-entropy measures (``rollout.en
 §1.2) it can give exactly: ``full`` (full-vocabulary entropies), ``surprisal`` (the sampled tokens'
 untempered log-probs) and/or ``top10_proxy`` (the release's)."""
 
+ARCHITECTURES = Registry("architecture", "aepo_rl.architectures",
+                         builtin_names=("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"))
+"""Factories ``(vocab_size) -> transformers config`` of real model shapes, built with random weights by
+``model.init=random:<name>``; no capabilities."""
+
 register_policy_loss = POLICY_LOSSES.register
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 register_tool = TOOLS.register
 register_reward = REWARDS.register
 register_task = TASKS.register
 register_engine = ENGINES.register
+register_architecture = ARCHITECTURES.register
 
 
 # ----------------------------------------------------------------------------------------------

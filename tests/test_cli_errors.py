@@ -214,7 +214,7 @@ def test_config_show_does_not_import_torch():
     assert "algorithm.policy_loss='nope' is not allowed" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["POLICY_LOSSES", "ADVANTAGE_ESTIMATORS"])
+@pytest.mark.parametrize("name", ["POLICY_LOSSES", "ADVANTAGE_ESTIMATORS", "ARCHITECTURES"])
 def test_declared_builtin_names_are_what_the_module_registers(name):
     reg = getattr(registry, name)
     importlib.import_module(reg.builtins)

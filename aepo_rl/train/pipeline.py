@@ -223,9 +223,11 @@ def _forget_stale_results(run_dir: Path, changed: list[str]) -> None:
 def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None) -> str:
     """Cold-start SFT (§5) into ``<run_dir>/checkpoints/sft``; reused when it already exists.
 
-    A real model (``model.path`` set) with ``sft.epochs == 0`` skips SFT: its own path is returned.
+    A real model (``model.path`` set, no ``model.init``) with ``sft.epochs == 0`` skips SFT: its own
+    path is returned. A ``model.init=random:<name>`` model is saved there like an SFT model, so
+    every later stage loads the same weights.
     """
-    if cfg.model.path is not None and cfg.sft.epochs == 0:
+    if cfg.model.path is not None and cfg.model.init is None and cfg.sft.epochs == 0:
         return cfg.model.path
     sft_dir = Path(run_dir) / "checkpoints" / "sft"
     if (sft_dir / "config.json").is_file():
@@ -455,9 +457,9 @@ def _get_task(cfg: Config) -> Task:
 
 
 def _load_policy_from(cfg: Config, model_path: str, task: Task):
-    """``load_policy`` with ``model.path`` pointed at ``model_path`` (an HF folder or 'smollm2')."""
+    """``load_policy`` of the weights in ``model_path`` (an HF folder or 'smollm2'), not ``model.init``'s."""
     local = copy.deepcopy(cfg)
-    local.model.path = model_path
+    local.model.path, local.model.init = model_path, None
     return load_policy(local, task)
 
 
