@@ -164,8 +164,8 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     The rows' common prefix (the system message) runs once and no attention mask is needed
     (right padding, ``train/forward.py``); only positions from the shortest prompt on are
     projected onto the vocabulary, then each row's response positions are gathered. Log-softmax
-    runs in float32; bf16 autocast runs on the batch's device type. ``entropy_grad`` keeps the entropy in the graph (entropy bonus); otherwise
-    it is detached.
+    runs in float32; bf16 autocast runs on the batch's device type. ``entropy_grad`` keeps the
+    entropy in the graph (entropy bonus); otherwise it is detached.
     """
     first = int(batch.prompt_lengths.min()) - 1  # the position that predicts the earliest response token
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):

@@ -59,10 +59,11 @@ def test_log_probs_and_gradients_on_cuda_match_the_cpu(tiny_tokenizer, bf16):
 def test_the_sft_loss_on_cuda_matches_the_cpu(tiny_tokenizer):
     samples = [tokenize_demonstration(tiny_tokenizer, demo(f"Who founded Velmora {i}?"), 512) for i in range(4)]
     model = build_tiny_model(tiny_tokenizer, seed=0)
-    cpu_loss = masked_lm_loss(model, sft_collate(samples, tiny_tokenizer.pad_token_id), bf16=False)[0]
-    cuda_model = copy.deepcopy(model).cuda()
-    cuda_loss = masked_lm_loss(cuda_model, sft_collate(samples, tiny_tokenizer.pad_token_id, "cuda"), bf16=False)[0]
-    assert float(cuda_loss) == pytest.approx(float(cpu_loss), rel=1e-4)
+    with torch.no_grad():
+        cpu_loss = masked_lm_loss(model, sft_collate(samples, tiny_tokenizer.pad_token_id), bf16=False)[0]
+        cuda_model = copy.deepcopy(model).cuda()
+        cuda_loss = masked_lm_loss(cuda_model, sft_collate(samples, tiny_tokenizer.pad_token_id, "cuda"), bf16=False)[0]
+    assert cuda_loss.item() == pytest.approx(cpu_loss.item(), rel=1e-4)
 
 
 def test_a_random_qwen3_0_6b_takes_an_adamw_step_in_bf16_with_checkpointing(tiny_tokenizer):
@@ -74,6 +75,6 @@ def test_a_random_qwen3_0_6b_takes_an_adamw_step_in_bf16_with_checkpointing(tiny
     loss, _ = masked_lm_loss(model, sft_collate(samples, tiny_tokenizer.pad_token_id, "cuda"), bf16=True)
     loss.backward()
     optimizer.step()
-    print(f"qwen3-0.6b bf16 AdamW step: loss {float(loss):.3f}, "
+    print(f"qwen3-0.6b bf16 AdamW step: loss {loss.item():.3f}, "
           f"peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
-    assert math.isfinite(float(loss))
+    assert math.isfinite(loss.item())
