@@ -88,7 +88,9 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     if not examples:
         raise ValueError(f"task '{task.name}' has no training questions")
     model, tokenizer = load_policy(cfg, task)
-    if random_model:
+    if cfg.model.init:
+        console.print(f"[yellow]model.init={cfg.model.init}: random weights (expect noise and few tool calls)[/]")
+    elif random_model:
         console.print("[yellow]no --model: a tiny model with random weights (expect noise and few tool calls)[/]")
     engine = build_engine(cfg, model, tokenizer)
     prompts = [(ex.id, encode_prompt(tokenizer, ex.messages)) for ex in examples]
