@@ -56,3 +56,16 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model(tiny_tokenizer):
     return build_tiny_model(tiny_tokenizer)
+
+
+@pytest.fixture
+def mini_architecture():
+    """A registered Qwen3 shape small enough to train here (the way a plugin adds one)."""
+    from aepo_rl import registry
+    from aepo_rl.architectures import qwen3_config
+
+    registry.register_architecture("qwen3-mini")(lambda vocab_size: qwen3_config(
+        vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True))
+    yield "random:qwen3-mini"
+    del registry.ARCHITECTURES["qwen3-mini"]

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from aepo_rl import models, registry
-from aepo_rl.architectures import qwen3_config
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import init_random_model, load_policy
-from aepo_rl.registry import UnknownNameError, register_architecture
+from aepo_rl.registry import UnknownNameError
 from aepo_rl.train import pipeline
 from aepo_rl.train.rl import RLTrainer
 from test_models import TextTask, tiny_cfg
@@ -77,16 +76,6 @@ def test_an_unknown_architecture_is_an_error_listing_the_known_ones():
         load_config(overrides={"model.init": "qwen3-0.6b"})
     with pytest.raises(UnknownNameError, match="unknown architecture 'llama-70b'; valid names: qwen3-0.6b, "):
         init_random_model("llama-70b", Vocabulary(10), device="meta")
-
-
-@pytest.fixture
-def mini_architecture():
-    """A registered Qwen3 shape small enough to train here (the way a plugin adds one)."""
-    register_architecture("qwen3-mini")(lambda vocab_size: qwen3_config(
-        vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True))
-    yield "random:qwen3-mini"
-    del registry.ARCHITECTURES["qwen3-mini"]
 
 
 def test_load_policy_builds_the_architecture_with_the_task_tokenizer_and_trains_it(tmp_path, mini_architecture):

@@ -339,6 +339,7 @@ def test_every_preset_runs_two_rl_steps(tiny_tokenizer, preset):
     expected += ["dynamic_sampling/kept_frac"] if cfg.algorithm.dynamic_sampling else []
     missing = [k for k in expected if k not in metrics]
     assert not missing, f"{preset}: missing metrics {missing}"
+    assert not any(k.startswith("perf/max_memory") for k in metrics)  # CUDA memory, logged on a GPU only
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), f"{preset}: no update"
     assert len(trainer.last_rollout) == 4 and "score" in trainer.last_rollout[0]

@@ -404,6 +404,9 @@ class RLTrainer:
                 self.scheduler.step()
         self.global_step += 1
         metrics["timing_s/step"] = time.perf_counter() - t_step
+        if self.device.type == "cuda":  # verl's names and units: the peak since the process started, in GiB
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return metrics
 
     def _warn_tool_errors(self, metrics: dict[str, float]) -> None:

@@ -35,6 +35,7 @@ def test_auto_is_cuda_and_two_rl_steps_run_there(tiny_tokenizer):
         metrics = trainer.step()
     assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert model_device(model).type == "cuda"
+    assert 0 < metrics["perf/max_memory_allocated_gb"] <= metrics["perf/max_memory_reserved_gb"]
 
 
 @pytest.mark.parametrize("bf16", [False, True])
