@@ -140,9 +140,15 @@ class RolloutConfig:
     tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
                                              "tool calls fail: server down or answering errors, sandbox failing or stopping "
                                              "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)
-    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm, or openai.", choices=lambda: _registered("ENGINES"))
+    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the [vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
+    vllm_gpu_memory_utilization: float = knob(0.35, "engine=vllm: share of the GPU's memory vLLM may take for weights and KV cache "
+                                                    "(the trainer needs the rest; docs/gpu.md).", gt=0, le=1)
+    vllm_max_model_len: int | None = knob(None, "engine=vllm: longest context vLLM serves; None = the model's own maximum.", ge=1)
+    vllm_enforce_eager: bool = knob(False, "engine=vllm: no CUDA graphs / compilation (faster start, slower decoding).")
+    vllm_sleep: bool = knob(True, "engine=vllm: free vLLM's GPU memory (sleep level 2) while the trainer trains and wake it "
+                                  "for the rollout; CUDA only, ignored on the CPU.")
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
 
 

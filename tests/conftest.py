@@ -69,3 +69,25 @@ def mini_architecture():
         num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True))
     yield "random:qwen3-mini"
     del registry.ARCHITECTURES["qwen3-mini"]
+
+
+def _vllm_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed here: the vllm tests run in .venv-vllm (.ci/run, docs/engines.md)"
+    return None
+
+
+def pytest_report_header(config):
+    reason = _vllm_missing()
+    return [f"vllm tests skipped: {reason}"] if reason else []
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _vllm_missing()
+    if reason:
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if "vllm" in item.keywords:
+                item.add_marker(skip)

@@ -10,18 +10,9 @@ from aepo_rl.registry import ENGINES, register_engine
 
 __all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure", "register_engine"]
 
-VLLM_HOWTO = (
-    "rollout.engine=vllm: vLLM is used through its OpenAI-compatible server. Serve the policy with "
-    "`vllm serve <model dir> --enable-prefix-caching` (add --enable-prompt-tokens-details for prefix-cache "
-    "counts), then set rollout.engine=openai rollout.engine_url=http://HOST:8000/v1 "
-    "(rollout.engine_model if the served name differs from model.path). For RL, the server's weights must be "
-    "reloaded after each update; the built-in trainer shares weights only with rollout.engine=hf."
-)
-
-
 def build_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The engine registered as ``cfg.rollout.engine`` (:data:`aepo_rl.registry.ENGINES`): hf (shares
-    ``model``), openai (a server), vllm (how-to) or one of yours."""
+    ``model``), openai (a server), vllm (in-process vLLM with weight sync) or one of yours."""
     return ENGINES.lookup(cfg.rollout.engine)(cfg, model, tokenizer)
 
 
@@ -63,7 +54,31 @@ def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
                         seed=rollout.seed)
 
 
-@register_engine("vllm")
+@register_engine("vllm", syncs_weights=True, entropies=("surprisal", "top10_proxy"))
 def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
-    """Not an engine of its own: raises the how-to of serving vLLM for ``rollout.engine=openai``."""
-    raise ValueError(VLLM_HOWTO)
+    """In-process vLLM (``pip install -e ".[vllm]"``) over a copy of ``model`` saved to a temporary folder;
+    the RL trainer pushes its weights after every optimizer step (``sync_weights``). Its ``entropies``
+    are a top-20 proxy, not the full entropy."""
+    import shutil
+    import tempfile
+    import weakref
+
+    from aepo_rl.engines.stops import eos_token_ids
+    from aepo_rl.engines.vllm import VLLMEngine, import_vllm
+    from aepo_rl.models import save_policy
+
+    import_vllm()  # the missing extra is named before anything is written
+    rollout = cfg.rollout
+    folder = tempfile.mkdtemp(prefix="aepo-vllm-")
+    try:
+        model_dir = save_policy(model, tokenizer, f"{folder}/model")
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        engine = VLLMEngine(str(model_dir), tokenizer, gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+                            max_model_len=rollout.vllm_max_model_len, dtype=dtype, sleep=rollout.vllm_sleep,
+                            enforce_eager=rollout.vllm_enforce_eager, seed=rollout.seed,
+                            eos_ids=eos_token_ids(tokenizer, model))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(engine, shutil.rmtree, folder, True)
+    return engine

@@ -28,7 +28,7 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.sampling import top_k_entropy
-from aepo_rl.engines.sequences import SequenceTable
+from aepo_rl.engines.sequences import SequenceTable, TokenLists
 from aepo_rl.errors import EndpointError
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -45,7 +45,7 @@ def top_k_proxy(top_logprobs: dict[str, float] | None, k: int,
     return top_k_entropy(torch.tensor(values, dtype=torch.float64)).item()
 
 
-class OpenAIEngine:
+class OpenAIEngine(TokenLists):
     """A :class:`~aepo_rl.engines.base.GenerationEngine` backed by an OpenAI-compatible server."""
 
     def __init__(self, base_url: str, model: str, tokenizer, api_key: str | None = None, timeout: float = 300.0,
@@ -68,27 +68,6 @@ class OpenAIEngine:
         self._sequences: SequenceTable[list[int]] = SequenceTable("OpenAIEngine")
         self._requests = 0
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0}
-
-    # ---------------------------------------------------------------- sequence bookkeeping
-    def add_sequence(self, prompt_token_ids: list[int]) -> int:
-        if not prompt_token_ids:
-            raise ValueError("add_sequence: prompt_token_ids is empty")
-        return self._sequences.add(list(prompt_token_ids))
-
-    def fork(self, seq_id: int) -> int:
-        return self._sequences.add(list(self._sequences[seq_id]))
-
-    def append(self, seq_id: int, token_ids: list[int]) -> None:
-        self._sequences[seq_id].extend(token_ids)
-
-    def release(self, seq_id: int) -> None:
-        self._sequences.release(seq_id)
-
-    def stats(self) -> dict[str, float]:
-        return dict(self.counters)
-
-    def token_ids(self, seq_id: int) -> list[int]:
-        return list(self._sequences[seq_id])
 
     # ---------------------------------------------------------------- generation
     def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
