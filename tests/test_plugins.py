@@ -20,7 +20,7 @@ from aepo_rl.models import encode_prompt
 from aepo_rl.registry import PluginError, Registry, UnknownNameError, load_plugin, load_plugins
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
-from aepo_rl.train.pipeline import train_main
+from aepo_rl.train.pipeline import check_rl_engine, train_main
 from aepo_rl.train.rl import RLTrainer
 from conftest import build_tiny_model
 from fakes import FakeEngine
@@ -93,6 +93,8 @@ def test_built_in_entries_declare_what_the_trainer_reads():
     assert [n for n in registry.REWARDS if registry.REWARDS.capabilities(n)["binary"]] == \
         ["exact_match", "llm_judge", "math"]
     assert [n for n in registry.ENGINES if registry.ENGINES.capabilities(n)["shares_weights"]] == ["hf"]
+    assert [n for n in registry.ENGINES if registry.ENGINES.capabilities(n)["syncs_weights"]] == ["vllm"]
+    assert registry.ENGINES.capabilities("vllm")["entropies"] == ("surprisal", "top10_proxy")
     assert registry.ENGINES.capabilities("openai")["entropies"] == ("surprisal", "top10_proxy")
     assert registry.ENGINES.capabilities("hf")["entropies"] == ("full", "surprisal", "top10_proxy")
 
@@ -118,6 +120,14 @@ def test_an_entropy_measure_the_engine_cannot_give_is_refused_at_start(tmp_path)
         assert not (tmp_path / "refused").exists()  # refused before the run folder or the task exist
     finally:
         del registry.ENGINES["hf_without_full"]
+
+
+def test_the_rl_trainer_takes_an_engine_that_shares_or_syncs_the_weights():
+    check_rl_engine(load_config(overrides={"rollout.engine": "vllm", "rollout.entropy_measure": "surprisal"}))
+    with pytest.raises(ConfigError, match=r"shares the policy's weights or syncs them .* one of \['hf', 'vllm'\]"):
+        check_rl_engine(load_config(overrides={"rollout.engine": "openai", "rollout.entropy_measure": "surprisal"}))
+    with pytest.raises(ConfigError, match="rollout.entropy_measure='full' cannot be computed by rollout.engine='vllm'"):
+        check_rl_engine(load_config(overrides={"rollout.engine": "vllm"}))
 
 
 def test_config_choices_are_the_registered_names():

@@ -279,12 +279,16 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
 
 
 def check_rl_engine(cfg: Config) -> None:
-    """Refuse, before any work, an engine the built-in RL trainer cannot train with: one that does
-    not share the policy's weights, or cannot give the configured step-entropy measure."""
-    if not registry.ENGINES.capabilities(cfg.rollout.engine)["shares_weights"]:
-        sharing = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]]
+    """Refuse, before any work, an engine the built-in RL trainer cannot train with: one that neither
+    shares the policy's weights nor syncs them after each update, or cannot give the configured
+    step-entropy measure."""
+    capabilities = registry.ENGINES.capabilities(cfg.rollout.engine)
+    if not (capabilities["shares_weights"] or capabilities["syncs_weights"]):
+        usable = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]
+                  or registry.ENGINES.capabilities(name)["syncs_weights"]]
         raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
-                          f"the policy's weights (a server would keep sampling the old policy): one of {sharing}")
+                          f"the policy's weights or syncs them after each update (a server would keep sampling the "
+                          f"old policy): one of {usable}")
     check_entropy_measure(cfg)
 
 
