@@ -43,3 +43,22 @@ def test_three_rl_steps_with_vllm_rollouts_track_the_trained_policy(tiny_tokeniz
     assert all(r["actor/grad_norm"] > 0 for r in records)  # the policy moved: later rollouts need the synced weights
     print("rollout/logprob_abs_diff per step:", [f"{r['rollout/logprob_abs_diff']:.2e}" for r in records],
           "grad norms:", [f"{r['actor/grad_norm']:.3f}" for r in records])
+
+
+def test_aepo_train_with_vllm_rollouts_end_to_end(tmp_path):
+    """The whole pipeline (synthetic task with its bm25s search, tiny model, SFT, evaluation, RL) on vLLM:
+    two engines in one process (the SFT evaluation's, then the RL stage's)."""
+    from aepo_rl.cli import main
+
+    overrides = {**TINY, "task.num_test": 2, "model.tiny_hidden_size": 64, "model.tiny_num_layers": 1,
+                 "model.tiny_intermediate_size": 64, "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2,
+                 "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 32, "model.tiny_copy_steps": 2,
+                 "sft.epochs": 1, "sft.batch_size": 8, "trainer.run_name": "e2e",
+                 "trainer.run_dir": str(tmp_path / "runs"), "model.cache_dir": str(tmp_path / "cache")}
+    del overrides["trainer.tensorboard"]
+    assert main(["train", *[f"{key}={value}" for key, value in overrides.items()]]) == 0
+    run = tmp_path / "runs" / "e2e"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(math.isfinite(r["actor/pg_loss"]) and r["rollout/logprob_abs_diff"] <= 1e-3 for r in records)
+    assert sorted(json.loads((run / "eval.json").read_text())) == ["rl", "sft"]

