@@ -171,6 +171,19 @@ def test_a_fork_of_a_long_context_hits_the_prefix_cache(engine, tiny_tokenizer):
     print(f"fork of a {n_context}-token context: {prefill} prefill tokens computed, {n_context - prefill} cached")
 
 
+def synced_greedy(engine, policy, model, tok, prompt):
+    """Sync ``policy`` into the engine, then greedy segments of vLLM and of HFEngine over ``policy``, and
+    their largest log-prob gap; the module's ``model`` is synced back afterwards for the other tests."""
+    try:
+        engine.sync_weights(policy)
+        hf = HFEngine(policy, tok)
+        h = hf.generate([hf.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0]
+        v = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0]
+        return v, h, assert_same(v, h)
+    finally:
+        engine.sync_weights(model)
+
+
 def test_weights_synced_after_an_optimizer_step_match_the_updated_model(engine, model, tiny_tokenizer):
     tok = tiny_tokenizer
     trained = copy.deepcopy(model).train()
@@ -181,17 +194,35 @@ def test_weights_synced_after_an_optimizer_step_match_the_updated_model(engine, 
     trained.eval()
     prompt = encode(tok, "<think>I need to find")
     old = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0]
-    try:
-        engine.sync_weights(trained)
-        hf = HFEngine(trained, tok)
-        h = hf.generate([hf.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0]
-        v = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0]
-        diff = assert_same(v, h)
-        assert old.logprobs != v.logprobs  # the step did change the policy
-        print(f"after an AdamW step and sync_weights: max |log-prob vLLM - HF| = {diff:.2e}")
-    finally:
-        engine.sync_weights(model)  # the other tests keep the module's model
+    v, _, diff = synced_greedy(engine, trained, model, tok, prompt)
+    assert old.logprobs != v.logprobs  # the step did change the policy
+    print(f"after an AdamW step and sync_weights: max |log-prob vLLM - HF| = {diff:.2e}")
     assert engine.stats()["weight_syncs"] >= 2
+
+
+def test_a_lora_policy_syncs_its_merged_weights(engine, model, tiny_tokenizer):
+    """peft LoRA: vLLM gets base + B·A·scale under the base model's names; the policy is left bit for bit."""
+    pytest.importorskip("peft")
+    from aepo_rl.config import ModelConfig
+    from aepo_rl.models import apply_lora
+
+    tok = tiny_tokenizer
+    policy = apply_lora(copy.deepcopy(model), ModelConfig(lora_rank=4))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)  # peft starts B at 0 (no change): make the adapters matter
+    adapters = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" in n}
+    prompt = encode(tok, "<think>I need to find")
+    _, h, diff = synced_greedy(engine, policy, model, tok, prompt)
+    print(f"LoRA policy after sync_weights: max |log-prob vLLM - HF| = {diff:.2e}")
+    assert all(torch.equal(p, adapters[n]) for n, p in policy.named_parameters() if "lora_" in n)
+    original = model.state_dict()  # nothing merged in place: the frozen base weights are exactly the model's
+    for name, tensor in policy.get_base_model().state_dict().items():
+        if "lora_" not in name:
+            assert torch.equal(tensor, original[name.replace(".base_layer.", ".")]), name
+    base = HFEngine(model, tok)
+    assert base.generate([base.add_sequence(prompt)], SamplingParams(greedy=True), [8])[0].logprobs != h.logprobs
 
 
 def test_bad_inputs_are_named(engine):

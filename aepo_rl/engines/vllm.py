@@ -178,19 +178,13 @@ class VLLMEngine(TokenLists):
 
     # ---------------------------------------------------------------- weights and memory
     def sync_weights(self, model) -> None:
-        """Load ``model``'s current weights (a peft model: merged adapters) into vLLM, in place, then drop
-        the prefix cache (its keys/values came from the old weights)."""
+        """Load ``model``'s current weights (a peft model: base + its adapters' delta, the policy itself left
+        untouched) into vLLM, in place, then drop the prefix cache (its keys/values came from the old weights)."""
         self.wake()
-        merged = _is_peft(model)
-        if merged:
-            model.merge_adapter()
-        try:
+        with torch.no_grad():
             weights = list(_checkpoint_weights(model))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                              "is_checkpoint_format": True})
-        finally:
-            if merged:
-                model.unmerge_adapter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                          "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.counters["weight_syncs"] += 1
 
@@ -209,16 +203,26 @@ class VLLMEngine(TokenLists):
 
 
 def _is_peft(model) -> bool:
-    return hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
 
 
 def _checkpoint_weights(model):
-    """(name, tensor) pairs as in the model's checkpoint: a peft model's base names, adapters left out."""
+    """(name, tensor) pairs as in the model's checkpoint. A peft LoRA model gives its base names with
+    each adapted weight merged out of place (base + B·A·scale, peft's ``get_delta_weight``): merging
+    in place and back would change the frozen base weights by rounding at every sync."""
     if not _is_peft(model):
         yield from model.state_dict().items()
         return
     base = model.get_base_model()
+    modules = dict(base.named_modules())
     for name, tensor in base.state_dict().items():
         if "lora_" in name:
             continue
-        yield name.replace(".base_layer.", "."), tensor
+        if ".base_layer." in name:
+            layer = modules[name.split(".base_layer.")[0]]
+            if name.endswith(".base_layer.weight") and not getattr(layer, "merged", False):
+                for adapter in layer.active_adapters:
+                    if adapter in getattr(layer, "lora_A", {}):
+                        tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+            name = name.replace(".base_layer.", ".")
+        yield name, tensor
