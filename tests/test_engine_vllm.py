@@ -113,6 +113,17 @@ def test_sampled_log_probs_are_the_untempered_policy(engine, model, tiny_tokeniz
     assert all(e >= 0 and math.isfinite(e) for e in seg.entropies)
 
 
+def test_sampling_follows_the_engine_generator_that_checkpoints_save(engine, tiny_tokenizer):
+    from aepo_rl.train.checkpoint import rng_state, set_rng_state
+
+    prompt = encode(tiny_tokenizer, "The quick brown fox")
+    state = rng_state(engine)
+    first = [engine.generate([engine.add_sequence(prompt)], SamplingParams(), [12])[0].token_ids for _ in range(2)]
+    set_rng_state(state, engine)
+    again = [engine.generate([engine.add_sequence(prompt)], SamplingParams(), [12])[0].token_ids for _ in range(2)]
+    assert first == again and first[0] != first[1]
+
+
 def _free_tokens(hf, prompt, n):
     return hf.generate([hf.add_sequence(prompt)], SamplingParams(greedy=True), [n])[0].token_ids
 

@@ -103,7 +103,9 @@ class VLLMEngine(TokenLists):
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_ids = sorted(set(eos_ids or [tokenizer.eos_token_id]) - {None})
         self._sequences: SequenceTable[list[int]] = SequenceTable("VLLMEngine")
-        self._requests = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        """Draws each sampled request's seed; checkpoints save and restore it (``rng_state``), so a resumed
+        run samples as an uninterrupted one would."""
         self._asleep = False
         self.counters = {"prefill_tokens": 0, "decode_tokens": 0, "requests": 0, "cached_tokens": 0,
                          "weight_syncs": 0}
@@ -137,14 +139,13 @@ class VLLMEngine(TokenLists):
         from vllm import SamplingParams as VLLMSamplingParams
 
         greedy = params.greedy or params.temperature == 0
-        seed = self.seed + self._requests
-        self._requests += 1
+        seed = None if greedy else int(torch.randint(2**31 - 1, (1,), generator=self.generator))
         return VLLMSamplingParams(
             n=1, max_tokens=budget, temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p, top_k=params.top_k if params.top_k > 0 and not greedy else 0,
             stop=list(params.stop) or None, stop_token_ids=list(self.eos_ids), include_stop_str_in_output=True,
             skip_special_tokens=False, spaces_between_special_tokens=False, logprobs=self.top_logprobs,
-            seed=None if greedy else seed)
+            seed=seed)
 
     def _segment(self, output) -> Segment:
         completion = output.outputs[0]
