@@ -119,7 +119,9 @@ class VLLMEngine(TokenLists):
             raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
         if any(not s for s in params.stop):
             raise ValueError(f"SamplingParams.stop must not contain an empty string, got {params.stop!r}")
-        self.wake()
+        if self._asleep:
+            raise RuntimeError("VLLMEngine.generate: the engine sleeps and its weights were freed (level 2); "
+                               "call sync_weights(model) first, which wakes it with the policy's weights")
         contexts = [self._sequences[s] for s in seq_ids]
         segments = [Segment([], [], [], [], "length") for _ in seq_ids]
         todo = [i for i, n in enumerate(max_new_tokens) if n > 0]
@@ -197,7 +199,7 @@ class VLLMEngine(TokenLists):
 
     def wake(self) -> None:
         """Undo :meth:`sleep` (no-op when awake or on CPU). After a level-2 sleep the weights must be
-        synced again: :meth:`sync_weights` wakes the engine first."""
+        loaded again: :meth:`sync_weights` wakes the engine first, and ``generate`` refuses to run before."""
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
