@@ -75,7 +75,7 @@ def probe(plan: str, device: torch.device, tokens: int, vocab_size: int, seed: i
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         result["seconds"] = round(time.perf_counter() - start, 3)
-        result["loss"] = float(loss)
+        result["loss"] = loss.item()
         result["peak_gib"] = None if peak_bytes(device) is None else round(peak_bytes(device) / 2**30, 2)
     except torch.OutOfMemoryError:
         result["error"] = "out of memory"
