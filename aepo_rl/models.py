@@ -346,7 +346,7 @@ def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir).expanduser()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if _is_peft(model):
+    if is_peft(model):
         model = copy.deepcopy(model).merge_and_unload()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -366,7 +366,8 @@ def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
     return out_dir
 
 
-def _is_peft(model) -> bool:
+def is_peft(model) -> bool:
+    """Whether ``model`` is a peft model (LoRA adapters around a base model)."""
     return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
 
 
@@ -376,7 +377,7 @@ def apply_lora(model, model_cfg: ModelConfig):
     Only the adapters (rank r, scale alpha / r, on ``lora_target_modules``) are trainable.
     Applying it to a model that already has adapters returns the model unchanged.
     """
-    if model_cfg.lora_rank <= 0 or _is_peft(model):
+    if model_cfg.lora_rank <= 0 or is_peft(model):
         return model
     try:
         from peft import LoraConfig, get_peft_model

@@ -20,7 +20,7 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
-from aepo_rl.engines.sampling import check_params, release_top10_proxy, sample_tokens, token_statistics
+from aepo_rl.engines.sampling import check_request, release_top10_proxy, sample_tokens, token_statistics
 from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
 
@@ -107,13 +107,7 @@ class HFEngine:
 
     # ---------------------------------------------------------------- generation
     def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
-        check_params(params)
-        if len(seq_ids) != len(max_new_tokens):
-            raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"generate: duplicate sequence ids in {seq_ids}")
-        if any(n < 0 for n in max_new_tokens):
-            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+        check_request(seq_ids, params, max_new_tokens)
         sequences = [self._sequences[s] for s in seq_ids]
         self._new_prompts.clear()
         segments = [Segment([], [], [], [], "length") for _ in seq_ids]

