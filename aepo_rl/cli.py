@@ -82,12 +82,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from aepo_rl.compare import compare_main
+    from aepo_rl.compare import compare_main, parse_presets
 
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    for name in presets:
-        if name not in PRESETS:
-            raise ConfigError(f"unknown preset '{name}' in --presets; presets: {', '.join(PRESETS)}")
+    presets = parse_presets(args.presets, args.seeds)
     cfg = _config(args)
     _check_out(args.out, cfg)
     return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out)
@@ -207,10 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", parents=[plugin], help="several presets from one SFT checkpoint, several seeds, one table")
     _config_args(p)
-    p.add_argument("--presets", default="grpo,arpo,aepo", help="comma-separated presets to compare (default grpo,arpo,aepo)")
-    p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset, seeds 0..N-1 (default 3)")
+    p.add_argument("--presets", default="grpo,arpo,aepo", help="comma-separated presets to compare, each optionally with its own number of "
+                   "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo)")
+    p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
     p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>)")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>); run again with the same folder to "
+                   "finish an interrupted comparison")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("rollout", parents=[plugin], help="run one tree rollout and print each prompt's tree")

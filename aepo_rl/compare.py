@@ -78,18 +78,44 @@ def split_overrides(cfg: Config) -> tuple[dict[str, Any], list[str]]:
     return carried, sorted(k for k in overrides if k in algorithmic)
 
 
-def preset_configs(cfg: Config, presets: list[str], seeds: int, steps: int | None) -> dict[tuple[str, int], Config]:
+def parse_presets(text: str, seeds: int) -> dict[str, int]:
+    """``"grpo:5,arpo:5,dapo"`` → ``{"grpo": 5, "arpo": 5, "dapo": seeds}``: runs per preset, in order."""
+    counts: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, _, count = item.partition(":")
+        name = name.strip()
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset '{name}' in --presets; presets: {', '.join(PRESETS)}")
+        if name in counts:
+            raise ConfigError(f"preset '{name}' appears twice in --presets")
+        try:
+            counts[name] = int(count) if count else seeds
+        except ValueError:
+            raise ConfigError(f"--presets: '{item}' is not <preset> or <preset>:<seeds> (e.g. grpo:5)") from None
+        if counts[name] < 1:
+            raise ConfigError(f"--presets: '{item}' asks for {counts[name]} seeds; at least 1")
+    if not counts:
+        raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")
+    return counts
+
+
+def preset_configs(cfg: Config, presets: list[str] | dict[str, int], seeds: int,
+                   steps: int | None) -> dict[tuple[str, int], Config]:
     """One config per (preset, seed index): the preset plus the user's non-algorithm overrides.
 
-    Seed index i sets ``trainer.seed`` and ``rollout.seed`` to the user's value + i for every
-    preset, so runs with the same index see the same data order; the rollout budget is the user's.
+    ``presets`` is a list (``seeds`` runs each) or ``{preset: runs}``. Seed index i sets
+    ``trainer.seed`` and ``rollout.seed`` to the user's value + i for every preset, so runs with
+    the same index see the same data order; the rollout budget is the user's.
     """
+    counts = presets if isinstance(presets, dict) else dict.fromkeys(presets, seeds)
     carried, _ = split_overrides(cfg)
     budget = {"rollout.n": cfg.rollout.n, "trainer.batch_size": cfg.trainer.batch_size,
               "trainer.steps": cfg.trainer.steps if steps is None else steps}
     configs = {}
-    for preset in presets:
-        for index in range(seeds):
+    for preset, runs in counts.items():
+        for index in range(runs):
             seeding = {"trainer.seed": cfg.trainer.seed + index, "rollout.seed": cfg.rollout.seed + index}
             configs[(preset, index)] = load_config(preset, overrides={**carried, **budget, **seeding})
     return configs
@@ -134,45 +160,74 @@ def format_cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
 
 
+def _seeds_cell(row: dict[str, Any]) -> str:
+    stat = row[COLUMNS[0][0]]
+    return "–" if stat is None else str(stat["n"])
+
+
 def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, steps: int) -> str:
-    header = "| preset | " + " | ".join(col for col, _ in COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
+    """``seeds``: the most runs of any preset (a preset's own count is its ``seeds`` column)."""
+    header = "| preset | seeds | " + " | ".join(col for col, _ in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
     for preset, row in summary.items():
-        lines.append(f"| {preset} | " + " | ".join(format_cell(row[col]) for col, _ in COLUMNS) + " |")
-    ci_note = ("mean ± 95% CI half-width (Student t over seeds)" if seeds > 1
+        lines.append(f"| {preset} | {_seeds_cell(row)} | " + " | ".join(format_cell(row[col]) for col, _ in COLUMNS) + " |")
+    ci_note = ("mean ± 95% CI half-width (Student t over a preset's seeds)" if seeds > 1
                else "one seed: no confidence interval (use --seeds ≥ 2)")
-    notes = [f"{seeds} seed(s), {steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
+    notes = [f"{steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
     notes += [f"- {SFT_ROW_NOTE}"] + [f"- **{col}**: {doc}" for col, doc in COLUMNS]
     return "\n".join(lines + [""] + notes) + "\n"
 
 
-def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None = None,
+def _finished(run_dir: Path, config_yaml: str, key: str = "rl") -> dict | None:
+    """The evaluation ``key`` of ``run_dir``'s eval.json when the run was completed with this very config, else None."""
+    try:
+        if (run_dir / "config.yaml").read_text() != config_yaml:
+            return None
+        return json.loads((run_dir / "eval.json").read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, steps: int | None = None,
                  out_dir: str | None = None) -> int:
-    """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots."""
+    """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots.
+
+    ``presets``: a list (``seeds`` runs each) or ``{preset: runs}``. Run again with the same
+    ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
+    ``eval.json`` holds its final evaluation under the same config, and an interrupted run
+    resumes from its newest checkpoint.
+    """
     from rich.table import Table
 
-    if not presets:
+    counts = presets if isinstance(presets, dict) else dict.fromkeys(presets, seeds)
+    if not counts:
         raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    if min(counts.values()) < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {min(counts.values())}")
+    seeds = max(counts.values())
     out = Path(out_dir) if out_dir else Path(cfg.trainer.run_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    configs = preset_configs(cfg, presets, seeds, steps)
+    configs = preset_configs(cfg, counts, seeds, steps)
     _, dropped = split_overrides(cfg)
     if dropped:
         print(f"compare: not carried to the presets (algorithm settings): {', '.join(dropped)}")
     atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
     sft_model_dir = run_sft_stage(cfg, out / "sft")
     # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
-    sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
-    atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
-    runs: dict[str, list[dict]] = {preset: [] for preset in presets}
+    sft_eval = _finished(out / "sft", to_yaml(cfg), "sft")
+    if sft_eval is None:
+        sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
+        atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
+    runs: dict[str, list[dict]] = {preset: [] for preset in counts}
     run_dirs = []
     with PhaseProgress("compare", len(configs), unit="runs") as progress:
         for (preset, index), run_cfg in configs.items():
             run_dir = out / f"{preset}-seed{index}"
-            atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
-            eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
+            config_yaml = to_yaml(run_cfg)
+            eval_result = _finished(run_dir, config_yaml)
+            if eval_result is None:
+                atomic_write_text(run_dir / "config.yaml", config_yaml)
+                eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
             runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
                                  **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
             run_dirs.append(run_dir)
@@ -180,16 +235,17 @@ def compare_main(cfg: Config, presets: list[str], seeds: int, steps: int | None 
     num_steps = next(iter(configs.values())).trainer.steps
     summary = {"sft": sft_row(sft_eval, cfg.eval.split, out / "sft"), **summarize(runs)}
     (out / "compare.json").write_text(json.dumps(
-        {"presets": presets, "seeds": seeds, "steps": num_steps, "sft_model": str(sft_model_dir),
+        {"presets": list(counts), "seeds": counts, "steps": num_steps, "sft_model": str(sft_model_dir),
          "summary": summary, "runs": runs}, indent=2) + "\n")
     (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps))
     plot_runs(run_dirs, out / "plots")
     table = Table(title=f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
     table.add_column("preset")
+    table.add_column("seeds", justify="right")
     for col, _ in COLUMNS:
         table.add_column(col, justify="right")
     for preset, row in summary.items():
-        table.add_row(preset, *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
+        table.add_row(preset, _seeds_cell(row), *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
     get_console().print(table)
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0

@@ -172,6 +172,8 @@ class AlgorithmConfig:
     entropy_adv_coef: float = knob(0.2, "a in Ã = A·(1 + a·z) (§2.2; release 0.2, silently off); 0 disables.", ge=0)
     entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
     entropy_adv_clamp: bool = knob(False, "Clamp the scale 1 + a·z at 0 (§2.2).")
+    sg_upper_clip: bool = knob(True, "aepo loss: the upper clip bound keeps a gradient through (1+ε_h)·r/sg(r) (§2.3); false = PPO's "
+                                     "hard clip (the paper's ablation of the stop-gradient clip).")
     grad_preserve_entropy_quantile: float | None = knob(None, "Preserve the upper-clip gradient only for tokens above this entropy quantile (§2.3 paper); None = every token (release).", ge=0, le=1)
     tempered_logprobs: bool = knob(False, "Log-probs, ratios and entropies of training from logits / rollout.temperature, the "
                                           "distribution the rollout sampled (verl's actor; official); False: the untempered policy's, "
@@ -288,6 +290,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dr_grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.adv_estimator": "dr_grpo",
                 "algorithm.norm_adv_by_std": False, "algorithm.loss_agg_mode": "seq-mean-token-sum-norm",
                 "algorithm.entropy_adv_coef": 0.0},
+    # Ablations (the paper's own): aepo with one component switched off.
+    "aepo_no_premonitor": {"rollout.premonitor": False},  # §1.3: m = n/2 for every prompt
+    "aepo_no_branch_penalty": {"rollout.branch_penalty": 0.0},  # §1.4: P̂(l) = 0
+    "aepo_no_sg_clip": {"algorithm.sg_upper_clip": False},  # §2.3: hard upper clip
+    "aepo_no_entropy_adv": {"algorithm.entropy_adv_coef": 0.0},  # §2.2: Ã = A
 }
 
 

@@ -86,8 +86,10 @@ def fake_pipeline(monkeypatch):
         if cfg.preset == "aepo":
             steps[0]["rollout/distinct_per_group"], steps[1]["rollout/distinct_per_group"] = 3.0, 5.0
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
-        return {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
-                                                "tool_calls/mean": tools}}
+        result = {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
+                                                  "tool_calls/mean": tools}}
+        (run_dir / "eval.json").write_text(json.dumps({"rl": result}))  # as the real stage stores it
+        return result
 
     def evaluate_model(cfg, model_dir, task):
         assert len(calls["sft"]) == 1 and not calls["rl"], "the SFT model is evaluated after SFT, before RL"
@@ -128,9 +130,9 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     assert data["sft_model"] == str(tmp_path / "sft" / "model") and data["steps"] == 2
 
     md = (tmp_path / "compare.md").read_text()
-    assert "| grpo | 0.400 ± 0.497 | 0.600 ± 0.248 | 3.000 ± 2.484 | -0.200 ± 0.248 | n/a |" in md
-    assert "| aepo | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
-    assert md.splitlines()[2] == "| sft | 0.100 | 0.300 | 0.500 | – | – |"
+    assert "| grpo | 3 | 0.400 ± 0.497 | 0.600 ± 0.248 | 3.000 ± 2.484 | -0.200 ± 0.248 | n/a |" in md
+    assert "| aepo | 3 | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
+    assert md.splitlines()[2] == "| sft | 1 | 0.100 | 0.300 | 0.500 | – | – |"
     assert (tmp_path / "plots" / "entropy.png").is_file() and (tmp_path / "plots" / "reward.png").is_file()
     out = capsys.readouterr().out
     assert "not carried to the presets (algorithm settings): algorithm.clip_ratio_high" in out
@@ -155,7 +157,7 @@ def test_compare_main_evaluates_the_sft_model_once(fake_pipeline, tmp_path, caps
                                       "entropy_drift": None, "distinct_per_group": None}
     assert "sft" not in data["runs"]
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
-    assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["sft", "0.100", "0.300", "0.500", "–", "–"]
+    assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["sft", "1", "0.100", "0.300", "0.500", "–", "–"]
 
 
 def test_every_run_folder_has_its_resolved_config(fake_pipeline, tmp_path):
@@ -172,7 +174,7 @@ def test_every_run_folder_has_its_resolved_config(fake_pipeline, tmp_path):
 def test_compare_main_one_seed_has_no_ci(fake_pipeline, tmp_path, capsys):
     assert compare_main(load_config(), ["aepo"], seeds=1, steps=None, out_dir=str(tmp_path)) == 0
     md = (tmp_path / "compare.md").read_text()
-    assert "| aepo | 0.500 | 0.800 | 1.000 | 0.000 | 4.000 |" in md
+    assert "| aepo | 1 | 0.500 | 0.800 | 1.000 | 0.000 | 4.000 |" in md
     assert "one seed: no confidence interval" in md
     assert "n=1: no CI" in capsys.readouterr().out
     assert fake_pipeline["rl"][0][0].trainer.steps == load_config().trainer.steps
@@ -193,3 +195,42 @@ def test_aepo_compare_command(fake_pipeline, tmp_path):
     assert [(c.preset, c.trainer.seed, c.trainer.steps, c.rollout.n) for c, _, _ in fake_pipeline["rl"]] == [
         ("grpo", 0, 3, 6), ("grpo", 1, 3, 6), ("aepo", 0, 3, 6), ("aepo", 1, 3, 6)]
     assert json.loads((tmp_path / "compare.json").read_text())["presets"] == ["grpo", "aepo"]
+
+
+def test_presets_with_their_own_seed_counts(fake_pipeline, tmp_path):
+    from aepo_rl.cli import main
+
+    assert main(["compare", "--presets", "aepo:3,grpo", "--seeds", "2", "--steps", "2", "--out", str(tmp_path)]) == 0
+    assert [(c.preset, c.trainer.seed) for c, _, _ in fake_pipeline["rl"]] == [
+        ("aepo", 0), ("aepo", 1), ("aepo", 2), ("grpo", 0), ("grpo", 1)]
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["seeds"] == {"aepo": 3, "grpo": 2}
+    assert data["summary"]["grpo"]["pass@1"]["n"] == 2 and data["summary"]["aepo"]["pass@1"]["n"] == 3
+    md = (tmp_path / "compare.md").read_text()
+    assert "| aepo | 3 | 0.600 ± 0.430 |" in md and "| grpo | 2 | 0.300 ± 1.271 |" in md
+
+
+@pytest.mark.parametrize("text, message", [("aepo:x", "is not <preset> or <preset>:<seeds>"),
+                                           ("aepo:0", "asks for 0 seeds"), ("grpo,grpo", "appears twice"),
+                                           ("gpro:3", "unknown preset 'gpro'"), (" , ", "--presets is empty")])
+def test_parse_presets_rejects_bad_lists(text, message):
+    from aepo_rl.compare import parse_presets
+
+    with pytest.raises(ConfigError, match=message):
+        parse_presets(text, 2)
+
+
+def test_compare_again_keeps_finished_runs_and_reruns_changed_ones(fake_pipeline, tmp_path):
+    cfg = load_config("aepo", overrides=["rollout.n=4"])
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=2, out_dir=str(tmp_path))
+    first = (tmp_path / "compare.md").read_text()
+    fake_pipeline["rl"].clear()
+    fake_pipeline["eval"].clear()
+    (tmp_path / "aepo-seed1" / "eval.json").unlink()  # interrupted before its final evaluation
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=2, out_dir=str(tmp_path))
+    assert [(c.preset, c.trainer.seed) for c, _, _ in fake_pipeline["rl"]] == [("aepo", 1)]
+    assert fake_pipeline["eval"] == []  # the SFT evaluation is kept too
+    assert (tmp_path / "compare.md").read_text() == first
+    fake_pipeline["rl"].clear()
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=3, out_dir=str(tmp_path))  # another budget: all again
+    assert len(fake_pipeline["rl"]) == 4

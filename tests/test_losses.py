@@ -215,6 +215,44 @@ def test_quantile_restricts_gradient_preservation_to_high_entropy_tokens():
     assert metrics["actor/pg_clipfrac"] == 1.0
 
 
+def test_sg_upper_clip_off_is_ppos_hard_clip_with_the_entropy_advantage_kept():
+    # the stop-gradient ablation: every row of the §2.3 table gets PPO's gradient, same forward value
+    log_ratio = [[math.log(r) for _, r, _, _ in GRADIENT_TABLE]]
+    adv = [[a for _, _, a, _ in GRADIENT_TABLE]]
+    loss, metrics, grad = run_loss("aepo", log_ratio, adv, sg_upper_clip=False)
+    assert torch.allclose(grad, torch.tensor([[row[3][0] for row in GRADIENT_TABLE]]), atol=1e-6)
+    assert loss.item() == pytest.approx(-1.1 - 1.2 + 0.9 + 2.0 + 0.8 + 3.0, abs=1e-5)
+    assert metrics["actor/grad_preserved_frac"] == 0.0
+    # the entropy-aware advantage stays on: Ã = A(1 + a·z) scales the unclipped gradient
+    _, _, grad = run_loss("aepo", [[0.0, 0.0]], [[1.0, 1.0]], entropy=torch.tensor([[1.0, 3.0]]),
+                          sg_upper_clip=False, entropy_adv_coef=0.2)
+    z = 1 / math.sqrt(2)  # (H − 2)/std with the sample std √2
+    assert torch.allclose(grad, torch.tensor([[-(1 - 0.2 * z), -(1 + 0.2 * z)]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ppo", "gppo", "aepo", "cispo", "gspo"])
+def test_aggregate_replaces_the_aggregation_only(name):
+    # a host trainer's own normaliser (verl's agg_loss, TRL's loss types) gets the same loss matrix
+    log_ratio = torch.tensor([[0.1, -0.3, 0.5], [0.2, 0.0, -0.1]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    seen = {}
+
+    def total_over_7(loss_mat, bool_mask):
+        seen["mask"] = bool_mask
+        return (loss_mat * bool_mask).sum() / 7.0
+
+    cfg = PolicyLossConfig(**NO_ENT)
+    fn = get_policy_loss(name)
+    mine, mine_metrics = fn(-log_ratio, torch.zeros(2, 3), adv, mask, "seq-mean-token-sum", cfg, aggregate=total_over_7)
+    theirs, metrics = fn(-log_ratio, torch.zeros(2, 3), adv, mask, "seq-mean-token-sum", cfg)
+    # seq-mean-token-sum = Σ over tokens / 2 sequences, so the two differ by the factor 2/7 exactly
+    assert mine.item() == pytest.approx(theirs.item() * 2 / 7, rel=1e-6)
+    assert torch.equal(seen["mask"], mask.bool())
+    assert {k: v for k, v in mine_metrics.items() if k != "actor/pg_loss"} == {
+        k: v for k, v in metrics.items() if k != "actor/pg_loss"}
+
+
 def test_aepo_needs_entropy_when_the_entropy_advantage_is_on():
     with pytest.raises(ValueError, match="entropy"):
         get_policy_loss("aepo")(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))

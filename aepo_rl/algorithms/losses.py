@@ -76,7 +76,7 @@ def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return cfg, mask, t["log_prob"], log_ratio, t["advantages"], t.get("entropy")
 
 
-def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra=None):
+def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra=None, aggregate=None):
     """Aggregate (T of seq-mean-token-sum-norm = ``cfg.loss_scale_factor``) and compute the metrics
     (one host sync for all of them), §7.
 
@@ -87,7 +87,7 @@ def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, e
     ``actor/pg_clipfrac_lower_bound`` (A < 0, r < 1−ε_l). ``upper``, ``lower``, ``dual``,
     ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their masked means
     are plain sums over the token count."""
-    loss = agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor)
+    loss = agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor) if aggregate is None else aggregate(loss_mat, mask)
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
         values = {
@@ -103,30 +103,31 @@ def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, e
     return loss, dict(zip(values, floats))
 
 
-def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False):
+def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False, aggregate=None):
     """The clipped surrogate of ``ppo``/``gppo``/``gspo`` (hard bounds, or both gradient-preserving),
     aggregated, with its metrics."""
     loss_mat, upper, lower, dual = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
                                                      preserve_low=preserve_both, preserve_high=preserve_both)
-    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, aggregate=aggregate)
 
 
 @register_policy_loss("ppo", "grpo", "dapo")
 def ppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, entropy=None, *, entropy_stats=None, index=None):
+                    config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
     """PPO/GRPO clipped surrogate with dual clip c (§2.3, §4). DAPO's clip-higher (§4) is this
     loss with ε_h > ε_l (``clip_ratio_high`` = 0.28 in the ``dapo`` preset)."""
     cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
-    return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c)
+    return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
+                      aggregate=aggregate)
 
 
 @register_policy_loss("gppo")
 def gppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
     """GPPO (§4): both clip bounds gradient-preserving, (1∓ε)·r/sg(r); dual clip kept."""
     cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
-                      preserve_both=True)
+                      preserve_both=True, aggregate=aggregate)
 
 
 def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -140,7 +141,7 @@ def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: fl
 
 @register_policy_loss("aepo", needs=("entropy", "entropy_stats"))
 def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
     """AEPO entropy-balanced policy optimization (§2.2 + §2.3).
 
     Ã = A·(1 + a·z), z = (H − mean H)/std H from the detached ``entropy`` (a = entropy_adv_coef,
@@ -149,7 +150,7 @@ def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
     "group", else this micro-batch's masked tokens. Then the clipped surrogate with the
     stop-gradient upper bound (1+ε_h)·r/sg(r), hard lower bound and dual clip; with
     grad_preserve_entropy_quantile = q only tokens with H ≥ the q-quantile keep the upper-bound
-    gradient (the others are hard-clipped as in PPO).
+    gradient (the others are hard-clipped as in PPO); with sg_upper_clip false none does (ablation).
     """
     cfg, mask, _, log_ratio, adv, entropy = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     quantile = cfg.grad_preserve_entropy_quantile
@@ -163,17 +164,20 @@ def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
             stats = entropy_adv.entropy_stats(entropy, mask, "group", index)
         scale = entropy_adv.entropy_adv_scale(entropy, mask, cfg.entropy_adv_coef, cfg.entropy_adv_clamp, stats)
         adv = adv * scale
-    preserve_high = True if quantile is None else _high_entropy_tokens(entropy, mask, quantile)
+    if not cfg.sg_upper_clip:
+        preserve_high = False
+    else:
+        preserve_high = True if quantile is None else _high_entropy_tokens(entropy, mask, quantile)
     loss_mat, upper, lower, dual = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_ratio_low, cfg.clip_ratio_high,
                                                      cfg.clip_ratio_c, preserve_high=preserve_high)
     extra = {"actor/grad_preserved_frac": upper if preserve_high is True else upper & preserve_high,
              "actor/entropy_adv_scale/mean": torch.where(mask, scale, 0.0)}
-    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra, aggregate=aggregate)
 
 
 @register_policy_loss("cispo")
 def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                      config=None, entropy=None, *, entropy_stats=None, index=None):
+                      config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
     """CISPO (§4) as verl's ``compute_policy_loss_cispo``: −sg(clip(r, 1−ε_l, 1+ε_h))·A·log π —
     no token is dropped, the IS weight is clipped to [1−ε_l, 1+ε_h] whatever the sign of A.
     The CISPO paper's weight has no lower bound: ``clip_ratio_low=1`` gives it (the ``cispo``
@@ -183,16 +187,17 @@ def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_ag
     ratio = log_ratio.detach().exp()
     weight = ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     upper, lower = ratio > 1.0 + cfg.clip_ratio_high, ratio < 1.0 - cfg.clip_ratio_low
-    return _finish(-weight * adv * logp, mask, loss_agg_mode, cfg, log_ratio, upper, lower, torch.zeros_like(upper))
+    return _finish(-weight * adv * logp, mask, loss_agg_mode, cfg, log_ratio, upper, lower, torch.zeros_like(upper),
+                   aggregate=aggregate)
 
 
 @register_policy_loss("gspo")
 def gspo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
     """GSPO (§4): sequence ratio s_i = exp(mean_t log r_i,t) over masked tokens, used per token as
     s_i,t = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)) (GSPO-token: value s_i, gradient s_i·∇log π_t), in the
     clipped surrogate with ε_l, ε_h (tiny, e.g. 3e-4/4e-4) and no dual clip."""
     cfg, mask, logp, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach()[:, None]
     ratio = torch.exp(seq_log_ratio + logp - logp.detach())
-    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=None)
+    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=None, aggregate=aggregate)
