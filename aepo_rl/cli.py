@@ -87,7 +87,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     presets = parse_presets(args.presets, args.seeds)
     cfg = _config(args)
     _check_out(args.out, cfg)
-    return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out)
+    return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out,
+                        reference=args.reference)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -208,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo)")
     p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
     p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
+    p.add_argument("--reference", default=None, help="preset the paired differences are taken against "
+                   "(default aepo when compared, else the first preset)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>); run again with the same folder to "
                    "finish an interrupted comparison")
     p.set_defaults(func=cmd_compare)

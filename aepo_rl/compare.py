@@ -21,7 +21,7 @@ from scipy import stats
 
 from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict, to_yaml
 from aepo_rl.progress import PhaseProgress, get_console
-from aepo_rl.report import plot_runs, read_metrics, series
+from aepo_rl.report import mean_records, plot_records, plot_runs, read_metrics, read_run, series
 from aepo_rl.tasks import get_task
 from aepo_rl.train.checkpoint import atomic_write_text
 from aepo_rl.train.pipeline import evaluate_model, run_rl_stage, run_sft_stage
@@ -160,6 +160,60 @@ def format_cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
 
 
+PAIRED_COLUMNS = ("pass@1", "pass@k", "tool_calls")
+
+
+def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{preset: {column: mean_ci95 of (preset − reference) over the seed indices both ran}}``.
+
+    Runs with the same seed index share the SFT model, the data order and the sampling seed, so the
+    per-seed difference removes what they have in common: its interval is the test of "preset and
+    reference differ" (an interval holding 0 does not separate them).
+    """
+    ref = runs[reference]
+    out = {}
+    for preset, rows in runs.items():
+        if preset == reference:
+            continue
+        pairs = list(zip(rows, ref))
+        out[preset] = {col: mean_ci95([None if a[col] is None or b[col] is None else a[col] - b[col] for a, b in pairs])
+                       for col in PAIRED_COLUMNS}
+    return out
+
+
+def separates(stat: dict[str, Any] | None) -> str:
+    """"yes" when the 95% interval excludes 0, "no" when it holds it, "–" without an interval."""
+    if stat is None or stat["mean"] is None or stat["ci95"] is None:
+        return "–"
+    return "yes" if abs(stat["mean"]) > stat["ci95"] else "no"
+
+
+def paired_table(diffs: dict[str, dict[str, dict[str, Any]]], reference: str) -> str:
+    lines = [f"Paired differences, preset − {reference}, over the seed indices both ran (same SFT model, data order "
+             f"and sampling seed); 'separated': the 95% interval excludes 0.", "",
+             "| preset | pairs | " + " | ".join(f"Δ{col} | separated" for col in PAIRED_COLUMNS) + " |",
+             "|" + "---|" * (2 + 2 * len(PAIRED_COLUMNS))]
+    for preset, row in diffs.items():
+        cells = " | ".join(f"{format_cell(row[col])} | {separates(row[col])}" for col in PAIRED_COLUMNS)
+        lines.append(f"| {preset} | {row[PAIRED_COLUMNS[0]]['n']} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_preset_means(runs: dict[str, list[dict[str, Any]]], sft_eval: dict[str, dict], out_dir: Path) -> None:
+    """Every panel of ``aepo report`` with one curve per preset, the mean over its seeds (the SFT
+    model's evaluation at step 0 of the pass@1 panel)."""
+    sft_point = {f"eval/{key}/pass@1": result["pass@1"] for key, result in sft_eval.items()}
+    curves = {}
+    for preset, rows in runs.items():
+        records = mean_records([read_run(row["run_dir"]) for row in rows])
+        if records and records[0]["step"] == 0:
+            records[0] = {**sft_point, **records[0]}
+        else:
+            records.insert(0, {"step": 0, **sft_point})
+        curves[f"{preset} (n={len(rows)})"] = records
+    plot_records(curves, out_dir)
+
+
 def _seeds_cell(row: dict[str, Any]) -> str:
     stat = row[COLUMNS[0][0]]
     return "–" if stat is None else str(stat["n"])
@@ -189,13 +243,14 @@ def _finished(run_dir: Path, config_yaml: str, key: str = "rl") -> dict | None:
 
 
 def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, steps: int | None = None,
-                 out_dir: str | None = None) -> int:
+                 out_dir: str | None = None, reference: str | None = None) -> int:
     """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots.
 
     ``presets``: a list (``seeds`` runs each) or ``{preset: runs}``. Run again with the same
     ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
     ``eval.json`` holds its final evaluation under the same config, and an interrupted run
-    resumes from its newest checkpoint.
+    resumes from its newest checkpoint. ``reference`` (default ``aepo`` when compared, else the
+    first preset): the preset the paired differences are taken against.
     """
     from rich.table import Table
 
@@ -205,6 +260,9 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
     if min(counts.values()) < 1:
         raise ConfigError(f"--seeds must be >= 1, got {min(counts.values())}")
     seeds = max(counts.values())
+    reference = reference or ("aepo" if "aepo" in counts else next(iter(counts)))
+    if reference not in counts:
+        raise ConfigError(f"--reference {reference!r} is not among --presets ({', '.join(counts)})")
     out = Path(out_dir) if out_dir else Path(cfg.trainer.run_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     configs = preset_configs(cfg, counts, seeds, steps)
@@ -234,11 +292,14 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
             progress.advance(info=f"{preset} seed {index} done")
     num_steps = next(iter(configs.values())).trainer.steps
     summary = {"sft": sft_row(sft_eval, cfg.eval.split, out / "sft"), **summarize(runs)}
+    diffs = paired_differences(runs, reference)
     (out / "compare.json").write_text(json.dumps(
         {"presets": list(counts), "seeds": counts, "steps": num_steps, "sft_model": str(sft_model_dir),
-         "summary": summary, "runs": runs}, indent=2) + "\n")
-    (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps))
-    plot_runs(run_dirs, out / "plots")
+         "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs}, indent=2) + "\n")
+    (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps)
+                                    + ("\n" + paired_table(diffs, reference) if diffs else ""))
+    plot_preset_means(runs, sft_eval, out / "plots")
+    plot_runs(run_dirs, out / "plots" / "runs")
     table = Table(title=f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
     table.add_column("preset")
     table.add_column("seeds", justify="right")
@@ -247,6 +308,8 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
     for preset, row in summary.items():
         table.add_row(preset, _seeds_cell(row), *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
     get_console().print(table)
+    if diffs:
+        print(paired_table(diffs, reference))
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0
 

@@ -109,6 +109,19 @@ def read_run(run_dir: str | Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def mean_records(runs: list[list[dict]]) -> list[dict]:
+    """One record per step: each numeric metric averaged over the runs that logged it at that step
+    (the curve of a preset over its seeds)."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for records in runs:
+        for record in records:
+            step = sums.setdefault(record["step"], {})
+            for name, value in record.items():
+                if name != "step" and _is_number(value):
+                    step.setdefault(name, []).append(float(value))
+    return [{"step": step, **{name: math.fsum(v) / len(v) for name, v in sums[step].items()}} for step in sorted(sums)]
+
+
 def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
     """``{metric name: (steps, values)}`` for every logged name matching ``pattern`` (finite numbers only)."""
     regex = _pattern_regex(pattern)

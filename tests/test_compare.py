@@ -134,6 +134,14 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     assert "| aepo | 3 | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
     assert md.splitlines()[2] == "| sft | 1 | 0.100 | 0.300 | 0.500 | – | – |"
     assert (tmp_path / "plots" / "entropy.png").is_file() and (tmp_path / "plots" / "reward.png").is_file()
+    assert (tmp_path / "plots" / "runs" / "entropy.png").is_file()  # every run overlaid
+    # paired differences against aepo: grpo − aepo per seed = −0.3, −0.1, −0.2 → −0.2 ± t2·0.1/√3 (holds 0)
+    diff = data["paired_differences"]["grpo"]["pass@1"]
+    assert data["reference"] == "aepo" and diff["n"] == 3
+    assert diff["mean"] == pytest.approx(-0.2) and diff["ci95"] == pytest.approx(t2 * 0.1 / math.sqrt(3))
+    assert data["paired_differences"]["grpo"]["tool_calls"]["mean"] == pytest.approx(2.0)  # 1, 2, 3
+    assert "| grpo | 3 | -0.200 ± 0.248 | no |" in md
+    assert "| grpo | 3 | -0.200 ± 0.248 | no | -0.233 ± 0.143 | yes |" in md  # pass@k: −0.3, −0.2, −0.2
     out = capsys.readouterr().out
     assert "not carried to the presets (algorithm settings): algorithm.clip_ratio_high" in out
     assert "compare: 3 seed(s) × 2 steps" in out
@@ -234,3 +242,34 @@ def test_compare_again_keeps_finished_runs_and_reruns_changed_ones(fake_pipeline
     fake_pipeline["rl"].clear()
     compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=3, out_dir=str(tmp_path))  # another budget: all again
     assert len(fake_pipeline["rl"]) == 4
+
+
+def test_paired_differences_use_common_seed_indices_and_say_what_separates():
+    from aepo_rl.compare import paired_differences, separates
+
+    runs = {"a": [{"pass@1": 0.5, "pass@k": 0.7, "tool_calls": 1.0}, {"pass@1": 0.6, "pass@k": 0.7, "tool_calls": None}],
+            "b": [{"pass@1": 0.4, "pass@k": 0.7, "tool_calls": 1.0}, {"pass@1": 0.4, "pass@k": 0.7, "tool_calls": 2.0},
+                  {"pass@1": 0.9, "pass@k": 0.9, "tool_calls": 2.0}]}
+    diffs = paired_differences(runs, "b")
+    assert list(diffs) == ["a"]
+    assert diffs["a"]["pass@1"]["n"] == 2 and diffs["a"]["pass@1"]["mean"] == pytest.approx(0.15)
+    assert diffs["a"]["pass@k"] == {"mean": pytest.approx(0.0), "ci95": pytest.approx(0.0), "n": 2}
+    assert diffs["a"]["tool_calls"]["n"] == 1  # a missing value drops its pair
+    assert separates(diffs["a"]["pass@1"]) == "no"  # 0.15 ± 12.7·0.05/√2
+    assert separates({"mean": 0.1, "ci95": 0.05, "n": 3}) == "yes"
+    assert separates(diffs["a"]["tool_calls"]) == "–"
+
+
+def test_preset_mean_plots_average_the_seeds(fake_pipeline, tmp_path, monkeypatch):
+    drawn = {}
+    monkeypatch.setattr(aepo_rl.compare, "plot_records", lambda curves, out: drawn.update(curves))
+    compare_main(load_config(), ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path), reference="grpo")
+    assert list(drawn) == ["grpo (n=3)", "aepo (n=3)"]
+    grpo = {r["step"]: r for r in drawn["grpo (n=3)"]}
+    assert grpo[0] == {"step": 0, "eval/synthetic/test/pass@1": 0.1}  # the SFT model
+    assert grpo[2]["actor/entropy"] == pytest.approx(0.8)  # final entropies 0.9, 0.8, 0.7
+    assert grpo[2]["critic/score/mean"] == pytest.approx(0.2)
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["reference"] == "grpo" and list(data["paired_differences"]) == ["aepo"]
+    with pytest.raises(ConfigError, match="--reference 'dapo' is not among --presets"):
+        compare_main(load_config(), ["grpo"], seeds=1, steps=2, out_dir=str(tmp_path), reference="dapo")
