@@ -161,22 +161,25 @@ class Protocol:
             return ToolCallRequest(key, name, body, error=f"Error: tool '{name}' takes exactly one argument.")
         return ToolCallRequest(key, name, arg.strip()) if arg.strip() else None
 
-    def result_wrapping(self, tokenizer=None) -> tuple[str, str]:
+    def result_wrapping(self, tokenizer=None, *, chatml: bool | None = None) -> tuple[str, str]:
         """(prefix, suffix) the environment writes around a tool's output (§1.1). Hermes needs the
-        ``tokenizer``: a result is a user turn when its vocabulary has the ChatML tokens."""
+        ``tokenizer``: a result is a user turn when its vocabulary has the ChatML tokens (or say
+        so with ``chatml``, as a teacher writing demonstrations before any tokenizer exists does)."""
         if self.fmt == "xml":
             return f" <{RESULT}>\n", f"\n</{RESULT}>"
-        if tokenizer is None:
-            raise ValueError("the Hermes result wrapping depends on the tokenizer (ChatML or not): pass it")
+        if chatml is None:
+            if tokenizer is None:
+                raise ValueError("the Hermes result wrapping depends on the tokenizer (ChatML or not): pass it")
+            vocab = tokenizer.get_vocab()
+            chatml = all(t in vocab for t in CHATML_TOKENS)
         open_, close = f"<{HERMES_RESPONSE}>", f"</{HERMES_RESPONSE}>"
-        vocab = tokenizer.get_vocab()
-        if all(t in vocab for t in CHATML_TOKENS):
+        if chatml:
             return f"<|im_end|>\n<|im_start|>user\n{open_}\n", f"\n{close}<|im_end|>\n<|im_start|>assistant\n"
         return f"\n{open_}\n", f"\n{close}\n"
 
-    def format_result(self, output: str, tokenizer=None) -> str:
+    def format_result(self, output: str, tokenizer=None, *, chatml: bool | None = None) -> str:
         """A tool result block exactly as the rollout appends it after the call (§1.1)."""
-        prefix, suffix = self.result_wrapping(tokenizer)
+        prefix, suffix = self.result_wrapping(tokenizer, chatml=chatml)
         return f"{prefix}{output}{suffix}"
 
 

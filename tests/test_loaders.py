@@ -137,3 +137,16 @@ def test_reasoning_gym_task_uses_the_generator_checker():
 def test_unknown_task_names_the_choices():
     with pytest.raises(ConfigError, match="reasoning_gym:<generator>"):
         get_task(load_config(overrides={"task.name": "imagenet"}))
+
+
+def test_rows_without_a_system_message_get_the_protocol_of_the_tool_format():
+    from aepo_rl.tasks.common import system_prompt
+    from aepo_rl.tasks.loaders import row_to_example
+
+    plain = row_to_example({"question": "q?", "answer": "a"}, "f.jsonl:1", "f-train-0", "f", fmt="hermes")
+    verl = row_to_example({"prompt": [{"role": "user", "content": "q?"}], "reward_model": {"ground_truth": "a"}},
+                          "f.parquet:1", "f-train-0", "f", fmt="hermes")
+    for example in (plain, verl):
+        assert example.messages[0] == {"role": "system", "content": system_prompt(("search", "python"), "hermes")}
+        assert "<tool_call>" in example.messages[0]["content"]
+    assert "<search>" in row_to_example({"question": "q?", "answer": "a"}, "f", "i", "f").messages[0]["content"]

@@ -234,3 +234,26 @@ def test_get_task_passes_cache_dir_and_the_rollouts_tool_limits_to_the_tools(tmp
     get_task(cfg).tools()
     assert calls["search"]["cache_dir"] == str(tmp_path)
     assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5}  # 0.8 × tool_timeout: the sandbox reports first
+
+
+def test_hermes_tool_format_writes_prompts_and_demonstrations_in_hermes():
+    from aepo_rl.protocol import Protocol
+    from aepo_rl.tasks.common import ToolOptions
+
+    cfg = load_config(overrides=["rollout.tool_format=hermes"])
+    task = SyntheticTask(TaskConfig(**{**SMALL, "teacher_error_rate": 0.0}), tool_options=ToolOptions.from_config(cfg))
+    assert task.tool_format == "hermes"
+    system = task.examples("train")[0].messages[0]["content"]
+    assert "<tool_call>" in system and "<search>" not in system and system != SYSTEM_PROMPT
+    assert all(e.messages[0]["content"] == system for split in ("train", "test") for e in task.examples(split))
+    protocol, tools = Protocol(task.tools(), "hermes"), task.tools()
+    for demo in task.demonstrations():
+        calls, results = demo.pieces[0:-1:2], demo.pieces[1::2]
+        for (call, trained), (result, result_trained) in zip(calls, results):
+            request = protocol.parse_call(call, "</tool_call>")  # what the rollout parses
+            assert trained and not result_trained and request is not None and request.error is None, call
+            assert result.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n")
+            assert result.endswith("\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        assert task.correct(demo.example, response(demo)) and "<search>" not in response(demo)
+    # the default stays the release's XML tags, byte for byte
+    assert small_task().examples("train")[0].messages[0]["content"] == SYSTEM_PROMPT

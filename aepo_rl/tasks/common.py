@@ -43,19 +43,21 @@ reports the timeout itself before the rollout stops waiting for the call."""
 
 @dataclass(frozen=True)
 class ToolOptions:
-    """Tool settings from outside ``TaskConfig``: where search indexes are cached, the sandbox's limits."""
+    """Tool settings from outside ``TaskConfig``: where search indexes are cached, the sandbox's limits,
+    and the tool-call format prompts and demonstrations are written in."""
 
     cache_dir: str
     python_timeout: float
     python_workers: int
     python_write_mb: int
+    tool_format: str = "xml"
 
     @classmethod
     def from_config(cls, cfg: Config) -> ToolOptions:
         """``model.cache_dir``; ``rollout.tool_timeout`` × SANDBOX_TIMEOUT_SHARE; ``rollout.tool_workers``;
-        ``rollout.sandbox_write_mb``."""
+        ``rollout.sandbox_write_mb``; ``rollout.tool_format``."""
         return cls(cfg.model.cache_dir, SANDBOX_TIMEOUT_SHARE * cfg.rollout.tool_timeout, cfg.rollout.tool_workers,
-                   cfg.rollout.sandbox_write_mb)
+                   cfg.rollout.sandbox_write_mb, cfg.rollout.tool_format)
 
 
 def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,

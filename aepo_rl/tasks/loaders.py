@@ -106,8 +106,9 @@ def _field(row: dict, dotted: str, where: str):
 
 
 def row_to_example(row: dict, where: str, example_id: str, default_source: str,
-                   tools: tuple[str, ...] = ("search", "python")) -> Example:
-    """One row (verl schema or question/answer) as an Example; ``where`` names file and row."""
+                   tools: tuple[str, ...] = ("search", "python"), fmt: str = "xml") -> Example:
+    """One row (verl schema or question/answer) as an Example; ``where`` names file and row. A row
+    without a system message gets the tool protocol's, in format ``fmt``."""
     if "prompt" in row:
         messages = _field(row, "prompt", where)
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
@@ -119,26 +120,27 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
             raise DatasetError(f"{where}: field 'prompt' has no user message")
         question = users[-1]
         if messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": system_prompt(tools)}, *messages]
+            messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
         answers = gold_answers(_field(row, "reward_model.ground_truth", where))
         extra_info = dict(row.get("extra_info") or {})
     else:
         question = str(_field(row, "question", where))
         answers = gold_answers(_field(row, "answer", where))
-        messages = chat_messages(question, system_prompt(tools))
+        messages = chat_messages(question, system_prompt(tools, fmt))
         extra_info = {}
     return Example(id=example_id, question=question, answers=answers,
                    data_source=str(row.get("data_source") or default_source), messages=messages,
                    ability=str(row.get("ability") or "agent"), extra_info=extra_info)
 
 
-def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python")) -> list[Example]:
+def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python"),
+                  fmt: str = "xml") -> list[Example]:
     """Every row of ``paths`` as Examples, ids ``<file stem>-<split>-<row>``."""
     examples = []
     for path in paths:
         stem = Path(path).stem
         for i, (where, row) in enumerate(read_rows(path)):
-            examples.append(row_to_example(row, where, f"{stem}-{split}-{i}", stem, tools))
+            examples.append(row_to_example(row, where, f"{stem}-{split}-{i}", stem, tools, fmt))
     return examples
 
 
@@ -161,8 +163,9 @@ class FileTask:
         self._reward = get_reward(reward_name, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
         if not task_cfg.train_files and not task_cfg.val_files:
             raise DatasetError(f"task '{self.name}' reads files: set task.train_files=[...] and/or task.val_files=[...]")
-        self._splits = {"train": load_examples(task_cfg.train_files, "train", self.allowed_tools)}
-        val = load_examples(task_cfg.val_files, "val", self.allowed_tools)
+        fmt = tool_options.tool_format if tool_options else "xml"
+        self._splits = {"train": load_examples(task_cfg.train_files, "train", self.allowed_tools, fmt)}
+        val = load_examples(task_cfg.val_files, "val", self.allowed_tools, fmt)
         self._splits.update(dev=val, test=val, val=val)
         self._tools: dict[str, Tool] | None = None
 

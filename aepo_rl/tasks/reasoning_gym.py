@@ -24,6 +24,7 @@ class ReasoningGymTask:
 
         self.cfg, self.tool_options = task_cfg, tool_options
         self.name = f"reasoning_gym:{generator}"
+        self.system = system_prompt(_TOOLS, tool_options.tool_format if tool_options else "xml")
         sizes = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}
         self._datasets, self._examples, self._entries = {}, {}, {}
         for offset, (split, size) in enumerate(sizes.items()):
@@ -37,7 +38,7 @@ class ReasoningGymTask:
                 entry = dataset[i]
                 example = Example(id=f"{generator}-{split}-{i}", question=entry["question"], answers=[str(entry["answer"])],
                                   data_source=f"reasoning_gym/{generator}", ability="math",
-                                  messages=chat_messages(entry["question"], system_prompt(_TOOLS)),
+                                  messages=chat_messages(entry["question"], self.system),
                                   extra_info={"split": split})
                 self._examples[split].append(example)
                 self._entries[example.id] = (dataset, entry)
@@ -69,4 +70,4 @@ class ReasoningGymTask:
         return []
 
     def texts(self) -> list[str]:
-        return [system_prompt(_TOOLS)] + [t for e in self._examples["train"] for t in (e.question, e.answers[0])]
+        return [self.system] + [t for e in self._examples["train"] for t in (e.question, e.answers[0])]

@@ -27,7 +27,7 @@ from aepo_rl.config import TaskConfig
 from aepo_rl.protocol import Protocol
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples
+from aepo_rl.tasks.common import SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, split_examples, system_prompt
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -280,8 +280,8 @@ _TEMPLATES = {t.name: t for t in TEMPLATES}
 
 
 def make_questions(world: World, split: str, count: int, rng: random.Random, max_hops: int,
-                   arithmetic_fraction: float) -> list[Example]:
-    """``count`` distinct questions about the entities of ``split``.
+                   arithmetic_fraction: float, system: str = SYSTEM_PROMPT) -> list[Example]:
+    """``count`` distinct questions about the entities of ``split``, each after the system message ``system``.
 
     Each question is arithmetic with probability ``arithmetic_fraction``; its hop level is drawn
     uniformly from the levels (≤ ``max_hops``) that have templates of that kind.
@@ -307,7 +307,7 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
         solution = template.solve(world, roots)
         examples.append(Example(
             id=f"synthetic-{split}-{len(examples)}", question=question, answers=[solution.answer],
-            data_source="synthetic", messages=chat_messages(question),
+            data_source="synthetic", messages=chat_messages(question, system),
             extra_info={"split": split, "template": template.name, "hops": template.hops,
                         "arithmetic": template.arithmetic, "roots": roots,
                         "entities": _chain_entities(world, solution)}))
@@ -361,15 +361,17 @@ def _slip(world: World, example: Example, rng: random.Random) -> Solution:
 _MISTAKES = {"wrong_query": _wrong_query, "skipped_search": _guess, "arithmetic_slip": _slip}
 
 
-def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str, bool]]:
-    """A trajectory in the tag protocol (§1.1), tool results from running ``tools``.
+def teacher_pieces(solution: Solution, tools: dict[str, Tool], fmt: str = "xml") -> list[tuple[str, bool]]:
+    """A trajectory in the tool protocol (§1.1) of format ``fmt``, tool results from running ``tools``.
 
     Model pieces (trained) and result blocks (not trained) alternate; the final answer of an
     arithmetic solution is the python tool's own output. A copied value is written after a space,
     as in running text (``<search> Vela Korr</search>``, ``\\boxed{ 1874}``), so copying it from
     the question or a result is the same tokens (the search and the answer check strip it).
+    Hermes results are ChatML user turns, as the rollout writes them for a tokenizer with the
+    ChatML tokens (the tiny tokenizer, SmolLM2, Qwen).
     """
-    protocol = Protocol(tools)
+    protocol = Protocol(tools, fmt)
     pieces: list[tuple[str, bool]] = []
     answer = solution.answer
     calls = [("search", q) for q in solution.queries] + ([("python", solution.python)] if solution.python else [])
@@ -377,7 +379,7 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool]) -> list[tuple[str
         call = protocol.format_call(tag, f" {arg}" if tag == "search" else arg)
         pieces.append((f"{' ' if pieces else ''}{call}", True))
         output = tools[tag].run(arg)
-        pieces.append((protocol.format_result(output), False))
+        pieces.append((protocol.format_result(output, chatml=True), False))
         if tag == "python":
             answer = output.strip()
     pieces.append((f"{' ' if pieces else ''}{protocol.format_answer(f' {answer}')}", True))
@@ -446,11 +448,13 @@ class SyntheticTask:
     def __init__(self, task_cfg: TaskConfig, tools: dict[str, Tool] | None = None,
                  tool_options: ToolOptions | None = None):
         self.cfg, self.tool_options = task_cfg, tool_options
+        self.tool_format = tool_options.tool_format if tool_options else "xml"
+        self.system = system_prompt(("search", "python"), self.tool_format)
         counts = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}
         self.world = build_world(task_cfg.seed, counts)
         self._examples = {
             split: make_questions(self.world, split, counts[split], random.Random(f"questions-{task_cfg.seed}-{split}"),
-                                  task_cfg.max_hops, task_cfg.arithmetic_fraction)
+                                  task_cfg.max_hops, task_cfg.arithmetic_fraction, self.system)
             for split in SPLITS}
         self._tools = tools
         self._demos: list[Demonstration] | None = None
@@ -484,12 +488,12 @@ class SyntheticTask:
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"teacher-{self.cfg.seed}")
             questions = make_questions(self.world, "train", cfg.num_demonstrations, rng, cfg.max_hops,
-                                       cfg.arithmetic_fraction)
+                                       cfg.arithmetic_fraction, self.system)
             flawed = set(rng.sample(range(len(questions)), round(cfg.teacher_error_rate * len(questions))))
             plans = [self._plan(ex, i in flawed, rng) for i, ex in enumerate(questions)]
             tools = teacher_tools(self.tools())
             with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
-                pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools), plans))
+                pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools, self.tool_format), plans))
             names = random.Random(f"renames-{cfg.seed}")
             self._demos = [_renamed(Demonstration(ex, p, has_error=i in flawed), self.name_pattern, names)
                            for i, (ex, p) in enumerate(zip(questions, pieces))]
@@ -499,7 +503,8 @@ class SyntheticTask:
         """Error-free teacher trajectories for every question of ``split`` (e.g. held-out SFT metrics)."""
         tools = teacher_tools(self.tools())
         with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
-            return list(pool.map(lambda ex: Demonstration(ex, teacher_pieces(self._plan(ex, False, None), tools)),
+            return list(pool.map(lambda ex: Demonstration(ex, teacher_pieces(self._plan(ex, False, None), tools,
+                                                                       self.tool_format)),
                                  self.examples(split)))
 
     def _plan(self, example: Example, flawed: bool, rng: random.Random | None) -> Solution:
