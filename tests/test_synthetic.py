@@ -246,7 +246,7 @@ def test_hermes_tool_format_writes_prompts_and_demonstrations_in_hermes():
     system = task.examples("train")[0].messages[0]["content"]
     assert "<tool_call>" in system and "<search>" not in system and system != SYSTEM_PROMPT
     assert all(e.messages[0]["content"] == system for split in ("train", "test") for e in task.examples(split))
-    protocol, tools = Protocol(task.tools(), "hermes"), task.tools()
+    protocol = Protocol(task.tools(), "hermes")
     for demo in task.demonstrations():
         calls, results = demo.pieces[0:-1:2], demo.pieces[1::2]
         for (call, trained), (result, result_trained) in zip(calls, results):
