@@ -32,7 +32,13 @@ COLUMNS = (
     ("tool_calls", "tool calls per evaluated answer (tool_calls/mean)"),
     ("entropy_drift", "final − initial actor/entropy during RL"),
     ("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over steps)"),
+    ("branches", "branches per prompt (rollout/branches_per_prompt, mean over steps; 0 without a tree)"),
+    ("largest_subtree", "share of a prompt's trajectories descending from its most-branched global sample "
+                        "(rollout/largest_subtree_share, mean over steps)"),
 )
+STEP_MEANS = {"distinct_per_group": "rollout/distinct_per_group", "branches": "rollout/branches_per_prompt",
+              "largest_subtree": "rollout/largest_subtree_share"}
+"""Columns that average a per-step rollout metric over the run's steps (None when it was never logged)."""
 SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once like the runs (–: an RL-only column)"
 
 
@@ -132,11 +138,14 @@ def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[
 def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
     """The compared numbers of one run: its final evaluation and its metrics.jsonl."""
     records = read_metrics(run_dir)
-    entropy = series(records, "actor/entropy").get("actor/entropy", ([], []))[1]
-    distinct = series(records, "rollout/distinct_per_group").get("rollout/distinct_per_group", ([], []))[1]
+
+    def values(metric: str) -> list[float]:
+        return series(records, metric).get(metric, ([], []))[1]
+
+    entropy = values("actor/entropy")
+    means = {col: math.fsum(v) / len(v) if (v := values(metric)) else None for col, metric in STEP_MEANS.items()}
     return {**eval_metrics(eval_result, split, run_dir),
-            "entropy_drift": entropy[-1] - entropy[0] if entropy else None,
-            "distinct_per_group": math.fsum(distinct) / len(distinct) if distinct else None}
+            "entropy_drift": entropy[-1] - entropy[0] if entropy else None, **means}
 
 
 def summarize(runs: dict[str, list[dict[str, float | None]]]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -85,6 +85,8 @@ def fake_pipeline(monkeypatch):
                  {"step": 2, "actor/entropy": final_entropy, "critic/score/mean": 0.2}]
         if cfg.preset == "aepo":
             steps[0]["rollout/distinct_per_group"], steps[1]["rollout/distinct_per_group"] = 3.0, 5.0
+            steps[0]["rollout/branches_per_prompt"], steps[1]["rollout/branches_per_prompt"] = 2.0, 4.0 + cfg.trainer.seed
+            steps[1]["rollout/largest_subtree_share"] = 0.5  # logged at one step only
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
         result = {f"synthetic/{cfg.eval.split}": {"pass@1": pass1, "pass@k": passk, "k": 4, "num_questions": 8,
                                                   "tool_calls/mean": tools}}
@@ -126,13 +128,15 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     assert aepo["entropy_drift"]["ci95"] == pytest.approx(t2 * 0.1 / math.sqrt(3))
     assert aepo["distinct_per_group"] == {"mean": 4.0, "ci95": 0.0, "n": 3}
     assert grpo["distinct_per_group"] == {"mean": None, "ci95": None, "n": 0}
+    assert aepo["branches"]["mean"] == pytest.approx(3.5)  # per-run means 3, 3.5, 4 (step 2: 4 + seed)
+    assert aepo["largest_subtree"] == {"mean": 0.5, "ci95": 0.0, "n": 3}
     assert [r["pass@k"] for r in data["runs"]["aepo"]] == [0.8, 0.8, 0.9]
     assert data["sft_model"] == str(tmp_path / "sft" / "model") and data["steps"] == 2
 
     md = (tmp_path / "compare.md").read_text()
     assert "| grpo | 3 | 0.400 ± 0.497 | 0.600 ± 0.248 | 3.000 ± 2.484 | -0.200 ± 0.248 | n/a |" in md
     assert "| aepo | 3 | 0.600 ± 0.430 |" in md and "mean ± 95% CI half-width" in md
-    assert md.splitlines()[2] == "| sft | 1 | 0.100 | 0.300 | 0.500 | – | – |"
+    assert md.splitlines()[2] == "| sft | 1 | 0.100 | 0.300 | 0.500 | – | – | – | – |"
     assert (tmp_path / "plots" / "entropy.png").is_file() and (tmp_path / "plots" / "reward.png").is_file()
     assert (tmp_path / "plots" / "runs" / "entropy.png").is_file()  # every run overlaid
     # paired differences against aepo: grpo − aepo per seed = −0.3, −0.1, −0.2 → −0.2 ± t2·0.1/√3 (holds 0)
@@ -162,10 +166,11 @@ def test_compare_main_evaluates_the_sft_model_once(fake_pipeline, tmp_path, caps
     assert data["summary"]["sft"] == {"pass@1": {"mean": 0.1, "ci95": None, "n": 1},
                                       "pass@k": {"mean": 0.3, "ci95": None, "n": 1},
                                       "tool_calls": {"mean": 0.5, "ci95": None, "n": 1},
-                                      "entropy_drift": None, "distinct_per_group": None}
+                                      "entropy_drift": None, "distinct_per_group": None, "branches": None,
+                                      "largest_subtree": None}
     assert "sft" not in data["runs"]
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
-    assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["sft", "1", "0.100", "0.300", "0.500", "–", "–"]
+    assert [cell.strip() for cell in rows[0].split("│")[1:-1]] == ["sft", "1", "0.100", "0.300", "0.500", "–", "–", "–", "–"]
 
 
 def test_every_run_folder_has_its_resolved_config(fake_pipeline, tmp_path):
