@@ -79,15 +79,27 @@ def _vllm_missing() -> str | None:
     return None
 
 
+def _verl_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return "verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)"
+    return None
+
+
+_MISSING = {"vllm": _vllm_missing, "verl": _verl_missing}
+
+
 def pytest_report_header(config):
-    reason = _vllm_missing()
-    return [f"vllm tests skipped: {reason}"] if reason else []
+    reasons = [(marker, check()) for marker, check in _MISSING.items()]
+    return [f"{marker} tests skipped: {reason}" for marker, reason in reasons if reason]
 
 
 def pytest_collection_modifyitems(config, items):
-    reason = _vllm_missing()
-    if reason:
-        skip = pytest.mark.skip(reason=reason)
-        for item in items:
-            if "vllm" in item.keywords:
-                item.add_marker(skip)
+    for marker, check in _MISSING.items():
+        reason = check()
+        if reason:
+            skip = pytest.mark.skip(reason=reason)
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip)
