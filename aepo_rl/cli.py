@@ -1,4 +1,4 @@
-"""The `aepo` command: train | sft | eval | compare | rollout | serve-search | report | config.
+"""The `aepo` command: train | sft | eval | compare | rollout | verl-data | serve-search | report | config.
 
 Every command that builds a config takes ``--preset``, ``--config FILE.yaml`` and dotted
 overrides (``aepo train algorithm.clip_ratio_high=0.28 rollout.n=8``). Subcommands import
@@ -101,6 +101,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")
     return rollout_main(cfg, num_prompts=args.num_prompts, out_dir=args.out,
                         random_model=args.model is None)
+
+
+def cmd_verl_data(args: argparse.Namespace) -> int:
+    from aepo_rl.integrations.verl.data import verl_data_main
+
+    cfg = _config(args, {"task.name": args.task} if args.task else {})
+    check_writable(args.out, "--out")
+    return verl_data_main(cfg, args.out)
 
 
 def cmd_serve_search(args: argparse.Namespace) -> int:
@@ -222,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/rollout", help="folder of rollouts.jsonl (default runs/rollout)")
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")
     p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("verl-data", parents=[plugin], help="a task's train/val splits as verl parquet (docs/verl.md)")
+    _config_args(p)
+    p.add_argument("--task", default=None, help="task name (default: config task.name, synthetic)")
+    p.add_argument("--out", required=True, help="folder for train.parquet and val.parquet")
+    p.set_defaults(func=cmd_verl_data)
 
     p = sub.add_parser("serve-search", parents=[plugin], help="BM25 search server speaking Search-R1's /retrieve API")
     p.add_argument("--corpus", default="synthetic", help="a JSONL corpus file, 'synthetic' or 'wiki'")
