@@ -1,0 +1,112 @@
+"""The launch overrides of examples/verl/*.sh, parsed out of the scripts themselves, composed with
+Hydra against verl 0.9.1's own ``ppo_trainer`` config and checked by verl's ``validate_config``, the
+actor and rollout configs built as main_ppo's workers build them. Marked ``verl``; runs in .venv-verl."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.verl
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "verl"
+VALUES = {"DATA": "/data/aepo", "MODEL": "Qwen/Qwen3-8B", "REWARD": "/site/aepo_rl/integrations/verl/reward.py",
+          "HERE": str(EXAMPLES)}
+
+
+def command_block(script: Path, starts: str) -> list[str]:
+    """The arguments of the command line that starts with ``starts`` (backslash continuations joined) up
+    to its ``"$@"``, shell variables replaced by test values."""
+    lines = script.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith(starts))
+    block = []
+    for line in lines[first:]:
+        block.append(line.rstrip().rstrip("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    text = " ".join(block)[len(lines[first]) - len(lines[first].lstrip()) + len(starts):]
+    default = re.search(r'TASK_OVERRIDES:-([^}]*)}', script.read_text())
+    text = text.replace('"${TASK_OVERRIDES[@]}"', default.group(1) if default else "").split('"$@"')[0]
+    text = re.sub(r"\$(\w+)", lambda m: VALUES[m.group(1)], text)
+    return shlex.split(text)
+
+
+def script_overrides(name: str) -> list[str]:
+    return command_block(EXAMPLES / name, "python -m verl.trainer.main_ppo")
+
+
+def smoke_overrides() -> list[str]:
+    """run_qwen3_0.6b_1gpu.sh's overrides followed by those smoke_1gpu.sh appends."""
+    extra = command_block(EXAMPLES / "smoke_1gpu.sh", 'bash "$HERE/run_qwen3_0.6b_1gpu.sh"')
+    return script_overrides("run_qwen3_0.6b_1gpu.sh") + extra
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import verl.trainer.main_ppo as main_ppo
+
+    GlobalHydra.instance().clear()
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+SCRIPTS = {"run_qwen3_0.6b_1gpu.sh": (1, 8, 4), "run_qwen3_8b_8gpu.sh": (8, 12, 6)}  # GPUs, n, global samples
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "smoke_1gpu.sh"])
+def test_example_overrides_compose_and_pass_verls_validation(name):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from aepo_rl.integrations.verl.agent_loop import loop_settings
+    from aepo_rl.integrations.verl.loss import AEPOPolicyLossConfig
+
+    overrides = smoke_overrides() if name == "smoke_1gpu.sh" else script_overrides(name)
+    assert len(overrides) > 30 and all("=" in o for o in overrides), overrides
+    config = compose(overrides)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert not need_reference_policy(config) and not need_critic(config)
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, AEPOPolicyLossConfig)
+    assert actor.policy_loss.loss_mode == "aepo" and actor.policy_loss.entropy_adv_coef == 0.2
+    assert actor.calculate_entropy and actor.clip_ratio_c == 3.0
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    settings = loop_settings(rollout)  # the agent loop's own check of custom.aepo
+    assert settings.rollout.entropy_measure == "surprisal" and settings.tools == ("search", "python")
+    assert settings.task.name == "synthetic"
+    assert config.reward.custom_reward_function.name == "compute_score"
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "aepo_tree"
+    if name == "smoke_1gpu.sh":
+        assert config.trainer.total_training_steps == 2 and settings.task.num_train == 32
+        assert settings.rollout.max_response_length == 1024
+    else:
+        gpus, n, m = SCRIPTS[name]
+        assert config.trainer.n_gpus_per_node == gpus and rollout.n == n and settings.rollout.global_samples == m
+        assert settings.rollout.n == n and settings.rollout.max_response_length == config.data.max_response_length
+
+
+def test_the_8gpu_script_has_the_release_hyper_parameters():
+    config = compose(script_overrides("run_qwen3_8b_8gpu.sh"))
+    actor = config.actor_rollout_ref.actor
+    assert (config.data.train_batch_size, actor.ppo_mini_batch_size, actor.optim.lr) == (64, 8, 1e-6)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, config.actor_rollout_ref.rollout.n) == (0.2, 0.2, 12)
+    assert config.actor_rollout_ref.rollout.custom.aepo.global_samples == 6
+    assert config.actor_rollout_ref.rollout.custom.aepo.call_limit == 6
+    assert config.data.max_response_length == 6192 and actor.use_kl_loss is False
+
+
+def test_a_plain_policy_loss_config_without_the_plus_is_refused_by_hydra():
+    """Why the scripts write ``+`` before AEPO's keys: verl's YAML does not have them."""
+    from hydra.errors import ConfigCompositionException
+
+    overrides = [o.lstrip("+") if "entropy_adv_coef" in o else o for o in script_overrides("run_qwen3_0.6b_1gpu.sh")]
+    with pytest.raises(ConfigCompositionException):
+        compose(overrides)
