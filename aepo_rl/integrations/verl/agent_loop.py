@@ -53,7 +53,7 @@ FROM_VERL = {"n": "actor_rollout_ref.rollout.n", "temperature": "actor_rollout_r
              "max_response_length": "actor_rollout_ref.rollout.response_length"}
 """RolloutConfig knobs that verl's own keys set (custom.aepo.<name> is refused for them)."""
 ENGINE_ONLY = {name for name in (f.name for f in fields(RolloutConfig))
-               if name.startswith(("engine", "vllm_")) or name in ("seed", "tool_error_warn_share", "sandbox_write_mb")}
+               if name.startswith(("engine", "vllm_")) or name in ("seed", "tool_error_warn_share")}
 ROLLOUT_KEYS = sorted(f.name for f in fields(RolloutConfig) if f.name not in FROM_VERL and f.name not in ENGINE_ONLY)
 EXTRA_KEYS = ("task", "tools", "tree_timeout", "max_concurrent_trees")
 DEFAULT_TREE_TIMEOUT = 3600.0
@@ -133,12 +133,11 @@ def loop_tools(settings: AEPOLoopSettings) -> dict:
     from aepo_rl.tasks import get_task
 
     task, tags = settings.task, settings.tools
-    key = repr((sorted(asdict(task).items()), tags, settings.rollout.tool_timeout, settings.rollout.tool_workers))
+    knobs = {f"rollout.{name}": getattr(settings.rollout, name) for name in ("tool_timeout", "tool_workers", "sandbox_write_mb")}
+    key = repr((sorted(asdict(task).items()), tags, sorted(knobs.items())))
     with _TOOLS_LOCK:
         if key not in _TOOLS:
-            cfg = load_config("aepo", None, {**{f"task.{name}": value for name, value in asdict(task).items()},
-                                             "rollout.tool_timeout": settings.rollout.tool_timeout,
-                                             "rollout.tool_workers": settings.rollout.tool_workers})
+            cfg = load_config("aepo", None, {**{f"task.{name}": value for name, value in asdict(task).items()}, **knobs})
             tools = get_task(cfg).tools()
             if tags is not None:
                 missing = [t for t in tags if t not in tools]
