@@ -12,6 +12,7 @@ REWARD=$(python -c 'import aepo_rl.integrations.verl.reward as r; print(r.__file
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=false \
+    critic.enable=false \
     data.train_files="$DATA/train.parquet" \
     data.val_files="$DATA/val.parquet" \
     data.train_batch_size=8 \

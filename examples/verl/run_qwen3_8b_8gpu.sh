@@ -17,6 +17,7 @@ read -r -a TASK_OVERRIDES <<< "${TASK_OVERRIDES:-+actor_rollout_ref.rollout.cust
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=false \
+    critic.enable=false \
     data.train_files="$DATA/train.parquet" \
     data.val_files="$DATA/val.parquet" \
     data.train_batch_size=64 \

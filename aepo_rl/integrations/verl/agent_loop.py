@@ -218,6 +218,9 @@ class VerlServerEngine(TokenLists):
             outputs = future.result(self.timeout)
         except BaseException:
             future.cancel()
+            if self._closed.is_set():  # closed by the coordinator while this round was in flight
+                raise RuntimeError(f"VerlServerEngine for request {self.request_id}: closed (the tree failed or "
+                                   "timed out)") from None
             raise
         finally:
             self._pending.remove(future)
@@ -272,6 +275,7 @@ class _Tree:
     task: asyncio.Future
     claimed: set = field(default_factory=set)
     engine: VerlServerEngine | None = None
+    timed_out: bool = False
 
 
 class TreeCoordinator:
@@ -314,14 +318,17 @@ class TreeCoordinator:
         tree.claimed.add(session_id)
         try:
             leaves = await asyncio.wait_for(asyncio.shield(tree.task), timeout)
-        except BaseException as error:
-            if isinstance(error, (Exception, asyncio.TimeoutError)) and not isinstance(error, asyncio.CancelledError):
-                if tree.engine is not None:
-                    tree.engine.close()
-                self._trees.pop(key, None)
-                if isinstance(error, asyncio.TimeoutError):
-                    raise TimeoutError(f"aepo_tree: the tree of prompt {key[0]} (step {key[1]}) ran past "
-                                       f"{CUSTOM_KEY}.tree_timeout={timeout} s") from None
+        except asyncio.CancelledError:
+            raise  # this session was cancelled; the shielded tree goes on for the others
+        except Exception as error:
+            if isinstance(error, TimeoutError):
+                tree.timed_out = True
+            if tree.engine is not None:
+                tree.engine.close()
+            self._trees.pop(key, None)
+            if tree.timed_out:  # every session of a timed-out tree says so, whichever error reached it
+                raise TimeoutError(f"aepo_tree: the tree of prompt {key[0]} (step {key[1]}) ran past "
+                                   f"{CUSTOM_KEY}.tree_timeout={timeout} s") from None
             raise
         finally:
             if len(tree.claimed) == n and self._trees.get(key) is tree:
