@@ -23,25 +23,25 @@ TOL = 1e-6
 
 def test_bare_import_of_verl_registers_everything_through_the_entry_point():
     """A fresh interpreter that only imports verl (never aepo_rl) ends up with the plugin's registrations,
-    and the ppo_loss that engine_workers binds is the plugin's wrapper."""
+    and the ppo_loss that engine_workers and distillation's loss bind is the plugin's wrapper."""
     code = (
         "import sys, verl\n"
         "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as L\n"
         "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
-        "import verl.workers.engine_workers as ew\n"
+        "import verl.workers.engine_workers as ew, verl.trainer.distillation.losses as dl\n"
         "print(sorted(k for k in L if k in ('aepo', 'gppo')), sorted(k for k in A if k.startswith('aepo')),\n"
-        "      ew.ppo_loss.__module__, getattr(ew.ppo_loss, '__aepo_wrapper__', False))\n"
+        "      ew.ppo_loss.__module__, getattr(ew.ppo_loss, '__aepo_wrapper__', False), dl.ppo_loss is ew.ppo_loss)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == ("['aepo', 'gppo'] ['aepo_chain', 'aepo_tree'] "
-                                          "aepo_rl.integrations.verl.loss True"), out.stdout
+                                          "aepo_rl.integrations.verl.loss True True"), out.stdout
     # and with verl's plugin discovery switched off, nothing of ours is there: the entry point did it
     env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert off.returncode == 0, off.stderr[-2000:]
-    assert off.stdout.split("\n")[-2].startswith("[] [] verl.workers.utils.losses False"), off.stdout
+    assert off.stdout.split("\n")[-2].startswith("[] [] verl.workers.utils.losses False True"), off.stdout
 
 
 def test_version_gate_names_the_range_and_the_fix():
