@@ -54,6 +54,21 @@ def test_version_gate_names_the_range_and_the_fix():
             require_verl(bad)
 
 
+def test_a_verl_outside_the_range_is_refused_loudly_when_verl_loads_the_plugin():
+    """verl swallows a failing plugin (DEBUG log): the plugin's own stderr line says what and how to fix."""
+    code = ("import importlib.metadata as m\n"
+            "real = m.version\n"
+            "m.version = lambda name: '0.10.0' if name == 'verl' else real(name)\n"
+            "import verl\n"
+            "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
+            "print('aepo' in POLICY_LOSS_REGISTRY)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split("\n")[-2] == "False", out.stdout + out.stderr[-2000:]
+    assert ("aepo-rl verl plugin failed to load: VerlVersionError: aepo_rl.integrations.verl was tested with "
+            "verl>=0.9.1,<0.10, but verl 0.10.0 is installed: pip install") in out.stderr
+
+
 def test_check_registrations_fails_loudly_when_a_registration_is_missing(monkeypatch):
     from verl.trainer.ppo import core_algos
 
