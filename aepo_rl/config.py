@@ -126,6 +126,15 @@ class RolloutConfig:
                                    "model, see docs/results.md).", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
     top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
+    min_p: float = knob(0.0, "Min-p sampling: keep tokens whose tempered probability is at least min_p times the most "
+                             "likely one's (0 = off).", ge=0, le=1)
+    repetition_penalty: float = knob(1.0, "Penalty on tokens already in the sequence (prompt, model and tool tokens): a "
+                                          "logit l becomes l/p if l > 0, else l·p, before temperature (vLLM's and "
+                                          "transformers' rule; 1 = off).", gt=0)
+    min_tokens: int = knob(0, "Each round generates at least this many tokens (budget permitting): EOS cannot be sampled "
+                              "and stop strings (closing tool tags) do not end the round before (vLLM's min_tokens; 0 = off).", ge=0)
+    ignore_eos: bool = knob(False, "EOS does not end a round (it may still be sampled): only stop strings and the budgets "
+                                   "do (vLLM's ignore_eos; for benchmarks of fixed lengths).")
     max_prompt_length: int = knob(256, "Longest prompt in tokens; a longer one is rejected with an error naming the prompt.", ge=1)
     max_response_length: int = knob(256, "Response budget: model + tool tokens (§1.1; release 6192).", ge=1)
     max_tokens_per_round: int = knob(128, "Most tokens the model generates in one round.", ge=1)

@@ -199,14 +199,16 @@ needs ``judge``: the entry is a factory ``(judge_url, judge_model, **options) ->
 TASKS = Registry("task", "aepo_rl.tasks")
 """Factories ``(cfg: Config) -> Task``; no capabilities."""
 
-ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, syncs_weights=False, entropies=())
+ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, syncs_weights=False, entropies=(), sampling=())
 """shares_weights: the engine generates with the trainer's own model object, so it samples the
 current policy with no weight sync and its recorded log-probs and entropies are the policy's;
 syncs_weights: the engine holds its own copy of the weights and has ``sync_weights(model)``, which
 the built-in trainer calls after every optimizer step, before the next rollout (π_old then comes
 from the trainer's own forward). The built-in trainer needs one of the two. entropies: the
 step-entropy measures (``rollout.entropy_measure``, §1.2) it can give exactly: ``full`` (full-vocabulary entropies), ``surprisal`` (the sampled tokens'
-untempered log-probs) and/or ``top10_proxy`` (the release's)."""
+untempered log-probs) and/or ``top10_proxy`` (the release's). sampling: the optional sampling options of
+:class:`~aepo_rl.engines.base.SamplingParams` it honours (``min_tokens``, ``ignore_eos``,
+``repetition_penalty``, ``min_p``); a run that sets another one (``rollout.<option>``) is refused at start."""
 
 ARCHITECTURES = Registry("architecture", "aepo_rl.architectures",
                          builtin_names=("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"))

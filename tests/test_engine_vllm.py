@@ -245,3 +245,21 @@ def test_bad_inputs_are_named(engine):
     with pytest.raises(KeyError, match="VLLMEngine: unknown or released sequence id"):
         engine.generate([seq + 100], SamplingParams(), [2])
     assert engine.generate([seq], SamplingParams(), [0])[0].token_ids == []
+
+
+def test_sampling_options_match_hf(engine, model, tiny_tokenizer):
+    """repetition_penalty, min_tokens and ignore_eos map to vLLM's SamplingParams: greedy decoding with them
+    gives HFEngine's tokens; min_tokens = budget with ignore_eos forces the length; min_p = 1 keeps the argmax."""
+    tok = tiny_tokenizer
+    hf = HFEngine(model, tok, seed=0)
+    prompt = encode(tok, "The quick brown fox")
+    for params in (SamplingParams(greedy=True, repetition_penalty=1.8), SamplingParams(greedy=True, min_tokens=9),
+                   SamplingParams(greedy=True, ignore_eos=True, repetition_penalty=0.7)):
+        v = engine.generate([engine.add_sequence(prompt)], params, [9])[0]
+        h = hf.generate([hf.add_sequence(prompt)], params, [9])[0]
+        assert_same(v, h)
+    forced = engine.generate([engine.add_sequence(prompt)], SamplingParams(min_tokens=8, ignore_eos=True), [8])[0]
+    assert len(forced.token_ids) == 8 and forced.finish_reason == "length"
+    argmax = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [5])[0]
+    sharp = engine.generate([engine.add_sequence(prompt)], SamplingParams(min_p=1.0), [5])[0]
+    assert sharp.token_ids == argmax.token_ids

@@ -8,12 +8,34 @@ import os
 from aepo_rl.engines.base import GenerationEngine, SamplingParams, Segment
 from aepo_rl.registry import ENGINES, register_engine
 
-__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure", "register_engine"]
+__all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure",
+           "check_sampling_options", "register_engine"]
+
+SAMPLING_OPTIONS = {"min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0, "min_p": 0.0}
+"""The optional sampling options (``rollout.<name>``) with their "off" values; an engine declares those it
+honours with the capability ``sampling``."""
+
 
 def build_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The engine registered as ``cfg.rollout.engine`` (:data:`aepo_rl.registry.ENGINES`): hf (shares
     ``model``), openai (a server), vllm (in-process vLLM with weight sync) or one of yours."""
+    check_sampling_options(cfg)
     return ENGINES.lookup(cfg.rollout.engine)(cfg, model, tokenizer)
+
+
+def check_sampling_options(cfg) -> None:
+    """Refuse, before any work, a ``rollout.<option>`` of :data:`SAMPLING_OPTIONS` set on an engine that did
+    not declare it in its ``sampling`` capability (it would sample without it, silently)."""
+    from aepo_rl.config import ConfigError
+
+    honoured = ENGINES.capabilities(cfg.rollout.engine)["sampling"]
+    unsupported = [name for name, off in SAMPLING_OPTIONS.items()
+                   if getattr(cfg.rollout, name) != off and name not in honoured]
+    if unsupported:
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine!r} does not honour "
+                          f"{', '.join(f'rollout.{name}' for name in unsupported)} (it declares sampling="
+                          f"{list(honoured)}); leave {'it' if len(unsupported) == 1 else 'them'} at the default, "
+                          "or use an engine that does (hf, vllm, openai)")
 
 
 def check_entropy_measure(cfg) -> None:
@@ -30,7 +52,10 @@ def check_entropy_measure(cfg) -> None:
                           f"(set rollout.entropy_measure to one of them, or rollout.mode=independent)")
 
 
-@register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"))
+ALL_SAMPLING = tuple(SAMPLING_OPTIONS)
+
+
+@register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"), sampling=ALL_SAMPLING)
 def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
@@ -38,7 +63,7 @@ def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     return HFEngine(model, tokenizer, seed=cfg.rollout.seed)
 
 
-@register_engine("openai", entropies=("surprisal", "top10_proxy"))
+@register_engine("openai", entropies=("surprisal", "top10_proxy"), sampling=ALL_SAMPLING)
 def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
     """An OpenAI-compatible server at ``rollout.engine_url`` serving ``rollout.engine_model`` (or
     ``model.path``); its ``entropies`` are a top-k proxy, not the full entropy."""
@@ -54,7 +79,7 @@ def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
                         seed=rollout.seed)
 
 
-@register_engine("vllm", syncs_weights=True, entropies=("surprisal", "top10_proxy"))
+@register_engine("vllm", syncs_weights=True, entropies=("surprisal", "top10_proxy"), sampling=ALL_SAMPLING)
 def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
     """In-process vLLM (``pip install -e ".[vllm]"``) over a copy of ``model`` saved to a temporary folder;
     the RL trainer pushes its weights after every optimizer step (``sync_weights``). Its ``entropies``

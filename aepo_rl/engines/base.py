@@ -23,6 +23,16 @@ class SamplingParams:
     greedy: bool = False
     stop: tuple[str, ...] = ()
     """Generation of a sequence stops right after any of these strings (e.g. ``</search>``)."""
+    min_tokens: int = 0
+    """Each sequence generates at least this many tokens in the call (its budget permitting): EOS cannot be
+    drawn before, and stop strings are not checked before (vLLM's ``min_tokens``)."""
+    ignore_eos: bool = False
+    """EOS does not end a sequence (it may still be drawn); stop strings and the budget still do."""
+    repetition_penalty: float = 1.0
+    """CTRL's penalty on every token already in the sequence (prompt, generated and appended tokens): its
+    logit l becomes l / p when l > 0, else l · p, before temperature (vLLM's and transformers' rule); 1 = off."""
+    min_p: float = 0.0
+    """Keep only tokens whose tempered probability is at least ``min_p`` times the most likely token's; 0 = off."""
 
 
 @dataclass

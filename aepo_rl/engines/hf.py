@@ -20,7 +20,8 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
-from aepo_rl.engines.sampling import check_request, release_top10_proxy, sample_tokens, token_statistics
+from aepo_rl.engines.sampling import (check_request, processed_logits, release_top10_proxy, sample_tokens,
+                                      token_statistics)
 from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
 
@@ -185,15 +186,24 @@ class HFEngine:
         finish = [("length", None)] * len(rows)
         n_generated = [0] * len(rows)
         active = list(range(len(rows)))  # batch row -> index into rows
+        seen = self._seen_tokens(sequences, logits.shape[-1]) if params.repetition_penalty != 1 else None
+        eos_ban = torch.zeros(logits.shape[-1], dtype=torch.bool, device=self.device)
+        eos_ban[stops.eos_ids[stops.eos_ids < logits.shape[-1]]] = True
         for step in range(max_budget):
             logprobs, probs, entropy = token_statistics(logits)
-            tokens = sample_tokens(logprobs, probs, params, self.generator)
+            processed = processed_logits(logits, params, seen, eos_ban if step < params.min_tokens else None)
+            tokens = sample_tokens(logprobs, probs, params, self.generator, processed)
+            if seen is not None:
+                seen[torch.arange(len(tokens), device=self.device), tokens] = True
             chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
             top10 = release_top10_proxy(logprobs, tokens)
             out_tokens[slots, step] = tokens
             out_stats[slots, step] = torch.stack([chosen, entropy, top10], dim=-1)
-            done = (budgets[slots] == step + 1) | stops.ends(tokens)
-            tail_stops = _tail_stops(stops, tokens, out_tokens, active, step)
+            done = budgets[slots] == step + 1
+            tail_stops = {}
+            if step + 1 >= params.min_tokens:  # stops count from the min_tokens-th token on (vLLM)
+                done |= stops.ends(tokens, eos=not params.ignore_eos)
+                tail_stops = _tail_stops(stops, tokens, out_tokens, active, step)
             for b in tail_stops:
                 done[b] = True
             if done.any():
@@ -201,7 +211,8 @@ class HFEngine:
                 token_list = tokens.tolist()
                 for b in finished:  # keep each finished row's keys/values, then drop it from the batch
                     i = active[b]
-                    finish[i] = _finish_reason(token_list[b], stops, tail_stops.get(b))
+                    finish[i] = (_finish_reason(token_list[b], stops, tail_stops.get(b), params.ignore_eos)
+                                 if step + 1 >= params.min_tokens else ("length", None))
                     n_generated[i] = step + 1
                     sequences[i].context = Context(cache.extract_row(b, mask[b, :column].nonzero().squeeze(-1)),
                                                    int(lengths[b]), [token_list[b]], pending_generated=1)
@@ -210,6 +221,8 @@ class HFEngine:
                     break
                 cache.batch_select_indices(keep)
                 mask, lengths, slots, tokens = mask[keep], lengths[keep], slots[keep], tokens[keep]
+                if seen is not None:
+                    seen = seen[keep]
                 active = [active[b] for b in keep.tolist()]
             mask[:, column] = True
             logits = self._forward(tokens[:, None], mask[:, :column + 1], lengths[:, None], cache, last_only=False)
@@ -217,6 +230,14 @@ class HFEngine:
             column += 1
             self.counters["decode_steps"] += 1
         self._write_segments(sequences, rows, out_tokens, out_stats, n_generated, finish, segments)
+
+    def _seen_tokens(self, sequences: list[_Sequence], vocab: int) -> torch.Tensor:
+        """Bool [B, V]: the tokens each sequence already holds (for the repetition penalty), one scatter."""
+        ids = [torch.tensor(seq.token_ids, dtype=torch.long) for seq in sequences]
+        rows = torch.repeat_interleave(torch.arange(len(ids)), torch.tensor([len(t) for t in ids]))
+        seen = torch.zeros(len(ids), vocab, dtype=torch.bool, device=self.device)
+        seen[rows.to(self.device), torch.cat(ids).to(self.device)] = True
+        return seen
 
     def _write_segments(self, sequences, rows, out_tokens, out_stats, n_generated, finish, segments) -> None:
         all_tokens, all_stats = out_tokens.tolist(), out_stats.tolist()
@@ -244,9 +265,10 @@ def _tail_stops(stops: StopMatcher, tokens: torch.Tensor, out_tokens: torch.Tens
     return hits
 
 
-def _finish_reason(token: int, stops: StopMatcher, tail_stop: str | None) -> tuple[str, str | None]:
-    """EOS first, then a stop string (by id or on the text tail), else the budget ran out."""
-    if token in stops.eos_ids.tolist():
+def _finish_reason(token: int, stops: StopMatcher, tail_stop: str | None, ignore_eos: bool = False
+                   ) -> tuple[str, str | None]:
+    """EOS first (unless ignored), then a stop string (by id or on the text tail), else the budget ran out."""
+    if not ignore_eos and token in stops.eos_ids.tolist():
         return "eos", None
     if token in stops.stop_of_id:
         return "stop", stops.stop_of_id[token]

@@ -27,7 +27,7 @@ import httpx
 import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
-from aepo_rl.engines.sampling import top_k_entropy
+from aepo_rl.engines.sampling import check_params, top_k_entropy
 from aepo_rl.engines.sequences import SequenceTable, TokenLists
 from aepo_rl.errors import EndpointError
 
@@ -43,6 +43,21 @@ def top_k_proxy(top_logprobs: dict[str, float] | None, k: int,
     if sampled is not None and sampled[0] not in dict(top) and math.isfinite(sampled[1]):
         values.append(sampled[1])
     return top_k_entropy(torch.tensor(values, dtype=torch.float64)).item()
+
+
+EXTENSION_KEYS = {"min_tokens": "rollout.min_tokens", "ignore_eos": "rollout.ignore_eos",
+                  "repetition_penalty": "rollout.repetition_penalty", "min_p": "rollout.min_p"}
+"""Sampling options that vLLM's OpenAI-compatible server takes beside the OpenAI API's own, and their config keys."""
+
+
+def vllm_extensions(params: SamplingParams) -> dict:
+    """The sampling options of ``params`` that are not at their defaults, as vLLM's server names them (sent
+    only when set, so a server that knows only the OpenAI API gets a plain request)."""
+    greedy = params.greedy or params.temperature == 0
+    options = {"min_tokens": params.min_tokens, "ignore_eos": params.ignore_eos,
+               "repetition_penalty": params.repetition_penalty, "min_p": 0.0 if greedy else params.min_p}
+    defaults = {"min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0, "min_p": 0.0}
+    return {key: value for key, value in options.items() if value != defaults[key]}
 
 
 class OpenAIEngine(TokenLists):
@@ -71,6 +86,7 @@ class OpenAIEngine(TokenLists):
 
     # ---------------------------------------------------------------- generation
     def generate(self, seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> list[Segment]:
+        check_params(params)
         if len(seq_ids) != len(max_new_tokens):
             raise ValueError(f"generate: {len(seq_ids)} seq_ids but {len(max_new_tokens)} max_new_tokens")
         contexts = [self._sequences[s] for s in seq_ids]
@@ -105,6 +121,7 @@ class OpenAIEngine(TokenLists):
             body["stop"] = list(params.stop)
         if params.top_k > 0 and not greedy:
             body["top_k"] = params.top_k
+        body.update(vllm_extensions(params))
         return body
 
     def _post(self, body: dict) -> httpx.Response:
@@ -126,6 +143,13 @@ class OpenAIEngine(TokenLists):
             fix = "set OPENAI_API_KEY" if response.status_code != 404 else \
                 f"check the base URL (it usually ends in /v1) and the model name {self.model!r}"
             raise EndpointError(f"{self.url} answered HTTP {response.status_code}: {response.text[:200]}; {fix}")
+        extensions = vllm_extensions(params)
+        if response.status_code in (400, 422) and extensions:
+            raise EndpointError(
+                f"{self.url} refused the request (HTTP {response.status_code}: {response.text[:300]}); it carried the "
+                f"sampling options {sorted(extensions)}, which are vLLM's extensions of the OpenAI API (its server "
+                "accepts them, api.openai.com does not): serve the model with `vllm serve`, or leave "
+                f"{', '.join(EXTENSION_KEYS[k] for k in sorted(extensions))} at their defaults")
         if response.status_code != 200:
             raise RuntimeError(f"{self.url} answered HTTP {response.status_code}: {response.text[:500]}")
         payload = response.json()

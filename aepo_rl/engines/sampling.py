@@ -1,10 +1,14 @@
 """Per-token statistics and sampling over a batch of next-token logits (pure tensor ops).
 
 Statistics are taken under the model's UNTEMPERED distribution (the policy being trained);
-temperature, top-k and top-p only shape the distribution tokens are drawn from (§1.1).
+repetition penalty, the ``min_tokens`` ban of EOS, temperature, min-p, top-k and top-p only shape the
+distribution tokens are drawn from (§1.1), in vLLM's order: penalty and ban on the logits, then
+temperature, then min-p, then top-k and top-p.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,6 +49,12 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
     if params.top_k < 0:
         raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {params.top_k}")
+    if params.min_tokens < 0:
+        raise ValueError(f"SamplingParams.min_tokens must be >= 0 (0 = off), got {params.min_tokens}")
+    if not params.repetition_penalty > 0:
+        raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), got {params.repetition_penalty}")
+    if not 0 <= params.min_p <= 1:
+        raise ValueError(f"SamplingParams.min_p must be in [0, 1] (0 = off), got {params.min_p}")
 
 
 def check_request(seq_ids: list[int], params: SamplingParams, max_new_tokens: list[int]) -> None:
@@ -61,19 +71,45 @@ def check_request(seq_ids: list[int], params: SamplingParams, max_new_tokens: li
         raise ValueError(f"SamplingParams.stop must not contain an empty string, got {params.stop!r}")
 
 
+def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None,
+                     banned: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The logits [B, V] tokens are drawn from before temperature, or None when nothing changes them.
+
+    ``seen`` (bool [B, V]): the tokens already in each sequence, whose logits ``params.repetition_penalty``
+    p turns into l / p (l > 0) or l · p (l <= 0). ``banned`` (bool [V] or [B, V]): tokens that cannot be
+    drawn (EOS before ``params.min_tokens``), set to −inf.
+    """
+    penalize = params.repetition_penalty != 1 and seen is not None
+    if not penalize and banned is None:
+        return None
+    scores = logits.float()
+    if penalize:
+        penalty = params.repetition_penalty
+        scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
+    if banned is not None:
+        scores = scores.masked_fill(banned, float("-inf"))
+    return scores
+
+
 def sample_tokens(logprobs: torch.Tensor, probs: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator) -> torch.Tensor:
+                  generator: torch.Generator, processed: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row from the tempered, filtered distribution; greedy (or temperature 0) takes the argmax.
 
-    ``probs`` = ``logprobs.exp()`` (untempered); it is reused when no filter applies. The draw inverts
-    the CDF with one uniform per row (much faster on CPU than ``torch.multinomial``).
+    ``probs`` = ``logprobs.exp()`` (untempered); it is reused when no filter applies. ``processed``: the
+    logits after repetition penalty and bans (:func:`processed_logits`), when they differ from the
+    model's. The draw inverts the CDF with one uniform per row (much faster on CPU than ``torch.multinomial``).
     """
+    base = logprobs if processed is None else processed
     if params.greedy or params.temperature == 0:
-        return logprobs.argmax(-1)
+        return base.argmax(-1)
     vocab = logprobs.shape[-1]
     top_k = params.top_k if 0 < params.top_k < vocab else 0
-    if params.temperature != 1 or top_k or params.top_p < 1:
-        scores = logprobs / params.temperature
+    if processed is not None or params.temperature != 1 or top_k or params.top_p < 1 or params.min_p > 0:
+        scores = base / params.temperature
+        if params.min_p > 0:
+            # Keep tokens with p >= min_p · p_max; in log space: score >= max score + log(min_p).
+            threshold = scores.max(-1, keepdim=True).values + math.log(params.min_p)
+            scores = scores.masked_fill(scores < threshold, float("-inf"))
         if top_k:
             kth_largest = scores.topk(top_k, dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth_largest, float("-inf"))

@@ -58,9 +58,9 @@ class StopMatcher:
         flags[self.stop_ids] = False  # those are matched by id
         return flags
 
-    def ends(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Bool [B]: the token is EOS or a single-token stop string."""
-        return torch.isin(tokens, self.end_ids)
+    def ends(self, tokens: torch.Tensor, eos: bool = True) -> torch.Tensor:
+        """Bool [B]: the token is EOS (unless ``eos`` is False) or a single-token stop string."""
+        return torch.isin(tokens, self.end_ids if eos else self.stop_ids)
 
     def text_candidates(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Bool [B]: rows whose new token could complete a multi-token stop string (None: no stops)."""

@@ -140,9 +140,10 @@ class VLLMEngine(TokenLists):
         return VLLMSamplingParams(
             n=1, max_tokens=budget, temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p, top_k=params.top_k if params.top_k > 0 and not greedy else 0,
-            stop=list(params.stop) or None, stop_token_ids=list(self.eos_ids), include_stop_str_in_output=True,
-            skip_special_tokens=False, spaces_between_special_tokens=False, logprobs=self.top_logprobs,
-            seed=seed)
+            stop=list(params.stop) or None, stop_token_ids=[] if params.ignore_eos else list(self.eos_ids),
+            include_stop_str_in_output=True, skip_special_tokens=False, spaces_between_special_tokens=False,
+            logprobs=self.top_logprobs, seed=seed, min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
+            repetition_penalty=params.repetition_penalty, min_p=0.0 if greedy else params.min_p)
 
     def _segment(self, output) -> Segment:
         completion = output.outputs[0]

@@ -279,7 +279,9 @@ def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
               sampling: SamplingParams | None) -> SamplingParams:
     stops = Protocol(tools, cfg.tool_format).stop_strings()
     if sampling is None:
-        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=validation)
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=validation,
+                                  min_p=cfg.min_p, repetition_penalty=cfg.repetition_penalty,
+                                  min_tokens=cfg.min_tokens, ignore_eos=cfg.ignore_eos)
     return dataclasses.replace(sampling, stop=tuple(dict.fromkeys(tuple(sampling.stop) + stops)))
 
 
