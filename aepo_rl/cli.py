@@ -46,7 +46,7 @@ def _check_out(out: str | None, cfg) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from aepo_rl.train.pipeline import train_main
+    from aepo_rl.api import train_main
 
     if args.resume:
         if args.config_file or args.preset != "aepo":

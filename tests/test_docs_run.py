@@ -47,7 +47,7 @@ SKIPPED_PROGRAMS = {
     "curl": "talks to the server started by another command of its block",
 }
 # The function each long-running subcommand hands its work to (module, name); replaced by a recorder.
-JOBS = {"train": ("aepo_rl.train.pipeline", "train_main"), "sft": ("aepo_rl.train.sft", "sft_main"),
+JOBS = {"train": ("aepo_rl.api", "train_main"), "sft": ("aepo_rl.train.sft", "sft_main"),
         "eval": ("aepo_rl.evaluate", "eval_main"), "compare": ("aepo_rl.compare", "compare_main"),
         "rollout": ("aepo_rl.rollout.cli", "rollout_main"), "serve-search": ("aepo_rl.tools.server", "serve_main"),
         "report": ("aepo_rl.report", "report_main")}

@@ -87,8 +87,8 @@ def test_an_empty_data_file_is_named(tmp_path):
 
 
 def test_prompt_must_be_chat_messages(tmp_path):
-    path = write_jsonl(tmp_path / "rows.jsonl", [{**VERL_ROW, "prompt": "just text"}])
-    with pytest.raises(DatasetError, match=r"rows\.jsonl:1: field 'prompt' must be a list"):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{**VERL_ROW, "prompt": ["just text"]}])
+    with pytest.raises(DatasetError, match=r"rows\.jsonl:1: field 'prompt' must be a string or a list"):
         load_examples([path], "train")
 
 

@@ -9,7 +9,8 @@ import yaml
 
 from aepo_rl.config import PRESETS, from_dict, load_config
 from aepo_rl.errors import UserError
-from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage, train_main
+from aepo_rl.api import train_main
+from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage
 
 TINY_PIPELINE = {
     "task.num_train": 8, "task.num_dev": 2, "task.num_test": 2, "task.num_demonstrations": 8,

@@ -20,7 +20,8 @@ from aepo_rl.models import encode_prompt
 from aepo_rl.registry import PluginError, Registry, UnknownNameError, load_plugin, load_plugins
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
-from aepo_rl.train.pipeline import check_rl_engine, train_main
+from aepo_rl.api import train_main
+from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import RLTrainer
 from conftest import build_tiny_model
 from fakes import FakeEngine

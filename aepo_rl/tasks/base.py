@@ -26,6 +26,9 @@ class Example:
     """The prompt as chat messages (system with the tool protocol, then the user question)."""
     ability: str = "agent"
     extra_info: dict = field(default_factory=dict)
+    row: dict = field(default_factory=dict)
+    """The data row it was read from (a file's or a dataset's; empty for generated tasks): reward functions of
+    TRL's convention receive its columns."""
 
 
 @dataclass
@@ -49,7 +52,9 @@ class Task(Protocol):
         """Tools by tag, e.g. {"search": ..., "python": ...}."""
 
     def reward(self, example: Example, response_text: str) -> float:
-        """Score of a decoded response (model text and <result> blocks), §3."""
+        """Score of a decoded response (model text and <result> blocks), §3. A task may also score a whole
+        batch at once with ``score(examples, texts, token_ids) -> (scores, metrics)``; the RL trainer then
+        calls that once per rollout (:class:`aepo_rl.tasks.dataset.DatasetTask` does)."""
 
     def correct(self, example: Example, response_text: str) -> bool:
         """The response's final answer is right (used for pass@k)."""

@@ -21,11 +21,10 @@ from pathlib import Path
 from aepo_rl.config import TaskConfig
 from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
-from aepo_rl.registry import REWARDS
-from aepo_rl.rewards import extract_answer, get_reward, gold_answers, is_exact_match
-from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
-from aepo_rl.tools.base import Tool
+from aepo_rl.rewards import WeightedRewards, gold_answers
+from aepo_rl.tasks.base import Example
+from aepo_rl.tasks.common import ToolOptions, chat_messages, system_prompt
+from aepo_rl.tasks.dataset import DatasetTask
 
 
 class DatasetError(UserError, ValueError):
@@ -100,20 +99,29 @@ def _field(row: dict, dotted: str, where: str):
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value or value[part] is None:
             raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
-                               "or verl's 'prompt' and 'reward_model.ground_truth')")
+                               "'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth')")
         value = value[part]
     return value
 
 
 def row_to_example(row: dict, where: str, example_id: str, default_source: str,
-                   tools: tuple[str, ...] = ("search", "python"), fmt: str = "xml") -> Example:
-    """One row (verl schema or question/answer) as an Example; ``where`` names file and row. A row
-    without a system message gets the tool protocol's, in format ``fmt``."""
-    if "prompt" in row:
+                   tools: tuple = ("search", "python"), fmt: str = "xml") -> Example:
+    """One row as an Example; ``where`` names file and row. Layouts: verl's (``prompt`` = messages,
+    ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer.
+    ``tools`` (names or tools) are described, in tool-call format ``fmt``, in the system message a prompt
+    without one gets."""
+    gold = "answer" if row.get("answer") is not None and not isinstance(row.get("reward_model"), dict) \
+        else "reward_model.ground_truth"
+    if "prompt" in row and isinstance(row["prompt"], str):
+        question = row["prompt"]
+        answers = gold_answers(_field(row, gold if "reward_model" in row else "answer", where))
+        messages = chat_messages(question, system_prompt(tools, fmt))
+        extra_info = dict(row.get("extra_info") or {})
+    elif "prompt" in row:
         messages = _field(row, "prompt", where)
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
                                                      for m in messages):
-            raise DatasetError(f"{where}: field 'prompt' must be a list of {{role, content}} messages")
+            raise DatasetError(f"{where}: field 'prompt' must be a string or a list of {{role, content}} messages")
         messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
         users = [m["content"] for m in messages if m["role"] == "user"]
         if not users:
@@ -121,7 +129,7 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
         question = users[-1]
         if messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
-        answers = gold_answers(_field(row, "reward_model.ground_truth", where))
+        answers = gold_answers(_field(row, gold, where))
         extra_info = dict(row.get("extra_info") or {})
     else:
         question = str(_field(row, "question", where))
@@ -130,7 +138,7 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
         extra_info = {}
     return Example(id=example_id, question=question, answers=answers,
                    data_source=str(row.get("data_source") or default_source), messages=messages,
-                   ability=str(row.get("ability") or "agent"), extra_info=extra_info)
+                   ability=str(row.get("ability") or "agent"), extra_info=extra_info, row=dict(row))
 
 
 def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python"),
@@ -146,50 +154,32 @@ def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("searc
 
 # ---------------------------------------------------------------- the task
 
-class FileTask:
-    """A task read from files: ``task.name=file`` or an evaluation set name (``hotpotqa``, ``gsm8k`` …).
+class FileTask(DatasetTask):
+    """A task read from files: ``task.name=file`` or an evaluation set name (``hotpotqa``, ``gsm8k`` …): a
+    :class:`~aepo_rl.tasks.dataset.DatasetTask` over the files' rows, scored by the reward ``task.reward``.
 
     An evaluation set uses its registry reward and tools; ``task.reward`` overrides the reward
     when it is set to something other than the default ``deep_research``.
     """
 
     def __init__(self, task_cfg: TaskConfig, tool_options: ToolOptions | None = None):
-        self.cfg, self.tool_options = task_cfg, tool_options
-        self.name = task_cfg.name
         spec = EVAL_SETS.get(task_cfg.name) if task_cfg.name != "file" else None
         self.allowed_tools = spec.tools if spec else ("search", "python")
-        reward_name = spec.reward if spec and task_cfg.reward == TaskConfig.reward else task_cfg.reward
-        self.reward_name = reward_name
-        self._reward = get_reward(reward_name, judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
+        self.reward_name = spec.reward if spec and task_cfg.reward == TaskConfig.reward else task_cfg.reward
+        rewards = WeightedRewards([self.reward_name], judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
         if not task_cfg.train_files and not task_cfg.val_files:
-            raise DatasetError(f"task '{self.name}' reads files: set task.train_files=[...] and/or task.val_files=[...]")
-        fmt = tool_options.tool_format if tool_options else "xml"
-        self._splits = {"train": load_examples(task_cfg.train_files, "train", self.allowed_tools, fmt)}
-        val = load_examples(task_cfg.val_files, "val", self.allowed_tools, fmt)
-        self._splits.update(dev=val, test=val, val=val)
-        self._tools: dict[str, Tool] | None = None
+            raise DatasetError(f"task '{task_cfg.name}' reads files: set task.train_files=[...] and/or task.val_files=[...]")
+        stems = {}
 
-    def examples(self, split: str) -> list[Example]:
-        return split_examples(self.name, self._splits, split)
+        def rows(paths: list[str]) -> list[tuple[str, dict]]:
+            found = []
+            for path in paths:
+                for where, row in read_rows(path):
+                    stems[where] = Path(path).stem
+                    found.append((where, row))
+            return found
 
-    def tools(self) -> dict[str, Tool]:
-        if self._tools is None:
-            self._tools = build_tools(self.cfg, allowed=self.allowed_tools, options=self.tool_options)
-        return self._tools
-
-    def reward(self, example: Example, response_text: str) -> float:
-        return self._reward(response_text, example.answers, example.question)
-
-    def correct(self, example: Example, response_text: str) -> bool:
-        """A binary reward (math, exact_match, llm_judge: registered with ``binary=True``) decides; for
-        F1-style rewards, exact match."""
-        if REWARDS.capabilities(self.reward_name)["binary"]:
-            return self.reward(example, response_text) >= 1.0
-        return is_exact_match(extract_answer(response_text), example.answers)
-
-    def demonstrations(self) -> list[Demonstration]:
-        return []
-
-    def texts(self) -> list[str]:
-        return [m["content"] for e in self._splits["train"] for m in e.messages] + \
-               [a for e in self._splits["train"] for a in e.answers]
+        super().__init__(task_cfg.name, rows(task_cfg.train_files), rows(task_cfg.val_files), rewards,
+                         tools=self.allowed_tools, task_cfg=task_cfg, tool_options=tool_options,
+                         id_prefix=stems.__getitem__)
+        self.cfg = task_cfg

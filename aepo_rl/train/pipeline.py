@@ -1,4 +1,7 @@
-"""The main job, ``aepo train``: task → tiny model → cold-start SFT → eval → RL → eval → plots (§5).
+"""The stages of the main job, task → tiny model → cold-start SFT → eval → RL → eval → plots (§5), and its run folder.
+
+:class:`aepo_rl.api.AEPOTrainer` composes them (``aepo train`` runs it; ``aepo compare`` runs the SFT
+and RL stages for each preset and seed).
 
 A run lives in ``runs/<run_name>/`` (docs/architecture.md, Contracts: run folder)::
 
@@ -54,61 +57,7 @@ from aepo_rl.train.rl import RLTrainer
 
 
 # ----------------------------------------------------------------------------------------------
-# The main job
-
-
-def train_main(cfg: Config | None, resume: str | None = None, overrides: dict | None = None) -> int:
-    """``aepo train``: the whole pipeline in one run folder; returns the process exit code.
-
-    ``resume`` continues the run in that folder with its own config.yaml, changed by ``overrides``
-    (``{"trainer.steps": 120}``; only :data:`RESUME_SAFE_KEYS`).
-    """
-    if resume is not None:
-        run_dir = Path(resume)
-        cfg, changed = resume_config(run_dir, overrides or {})
-        check_rl_engine(cfg)
-        get_console().print(f"[bold]resuming[/] {run_dir}")
-        _forget_stale_results(run_dir, changed)
-    else:
-        check_rl_engine(cfg)
-        run_dir = new_run_dir(cfg)
-        ckpt.atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
-        get_console().print(f"[bold]run folder[/] {run_dir}")
-    t_start = time.perf_counter()
-    seconds: dict[str, float] = {}
-
-    def timed(stage: str, start: float) -> None:
-        seconds[stage] = time.perf_counter() - start
-
-    try:
-        with _sigterm_like_ctrl_c():
-            t0 = time.perf_counter()
-            task = _get_task(cfg)
-            init_model_dir = run_sft_stage(cfg, run_dir, task=task)
-            timed("task+model+SFT", t0)
-            results = _read_json(run_dir / "eval.json")
-            if "sft" not in results:
-                t0 = time.perf_counter()
-                results["sft"] = evaluate_model(cfg, init_model_dir, task)
-                ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
-                timed("SFT eval", t0)
-            if "rl" not in results:
-                t0 = time.perf_counter()
-                results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task)
-                timed("RL+eval", t0)
-    except KeyboardInterrupt as stop:  # RunInterrupted (RL saved its last step), Ctrl-C or SIGTERM in SFT/eval
-        where = f"after RL step {stop.step}" if isinstance(stop, RunInterrupted) else "before RL finished"
-        get_console().print(f"[yellow]stopped {where}; continue with: aepo train --resume {run_dir}[/]")
-        return 130
-    except BaseException:
-        if resume is None:
-            _undo_failed_start(run_dir)
-        raise
-    write_plots(run_dir)
-    get_console().print(before_after_table(results))
-    stages = ", ".join(f"{stage} {value:.0f} s" for stage, value in seconds.items())
-    get_console().print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
-    return 0
+# The run folder (the whole job itself is aepo_rl.api.AEPOTrainer.train; `aepo train` runs it)
 
 
 def run_started(run_dir: Path) -> bool:
@@ -250,6 +199,23 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
     return str(sft_dir)
 
 
+class StageHooks:
+    """What the stages report while they run, to the callbacks of :class:`aepo_rl.api.AEPOTrainer`; every
+    method is a no-op here."""
+
+    def rl_ready(self, trainer: RLTrainer) -> None:
+        """The RL trainer is built (fresh, or as it was at the newest checkpoint)."""
+
+    def step_end(self, step: int, metrics: dict[str, float]) -> None:
+        """RL step ``step`` is done; ``metrics`` as written to metrics.jsonl."""
+
+    def evaluated(self, step: int, results: dict) -> None:
+        """The policy after ``step`` RL steps was evaluated: ``{"<task>/<split>": {"pass@1", ...}}``."""
+
+    def saved(self, step: int, path: Path) -> None:
+        """The checkpoint of step ``step`` is complete at ``path``."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """RL stopped by Ctrl-C or SIGTERM; ``step`` is the last completed (and, after a first Ctrl-C, saved) step."""
 
@@ -258,20 +224,27 @@ class RunInterrupted(KeyboardInterrupt):
         self.step = step
 
 
-def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task: Task | None = None) -> dict:
-    """RL from ``init_model_dir``, then evaluation of the final policy on ``eval.split``.
+def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task: Task | None = None,
+                 hooks: StageHooks | None = None) -> dict:
+    """RL from ``init_model_dir``, then evaluation of the final policy on ``eval.split`` (none when the task
+    has no question there: ``{}``).
 
     Resumes from the newest ``<run_dir>/checkpoints/step_<k>`` when there is one. Returns
     ``{"<task>/<split>": {"pass@1", "pass@k", "k", "num_questions", ...}}``, also stored as
-    ``eval.json["rl"]``. Raises :class:`RunInterrupted` after Ctrl-C.
+    ``eval.json["rl"]``. Raises :class:`RunInterrupted` after Ctrl-C. ``hooks`` hear of every step,
+    evaluation and checkpoint.
     """
     check_rl_engine(cfg)
     run_dir = Path(run_dir)
     task = task or _get_task(cfg)
+    hooks = hooks or StageHooks()
     trainer, history = _rl_trainer(cfg, init_model_dir, run_dir / "checkpoints", task)
+    hooks.rl_ready(trainer)
     eval_examples = _eval_examples(cfg, task)
-    _rl_steps(cfg, trainer, run_dir, init_model_dir, history, eval_examples)
-    results = evaluate(trainer.engine, task, eval_examples, cfg, cfg.eval.split)
+    _rl_steps(cfg, trainer, run_dir, init_model_dir, history, eval_examples, hooks)
+    results = evaluate(trainer.engine, task, eval_examples, cfg, cfg.eval.split) if eval_examples else {}
+    if results:
+        hooks.evaluated(trainer.global_step, results)
     stored = _read_json(run_dir / "eval.json")
     stored["rl"] = results
     ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(stored, indent=2))
@@ -331,7 +304,7 @@ def _rl_policy(cfg: Config, init_model_dir: str, latest: Path | None, adapter: d
 
 
 def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: str, history: list[dict],
-              eval_examples: list) -> None:
+              eval_examples: list, hooks: StageHooks) -> None:
     """RL steps up to ``trainer.steps``: log each, write its rollouts, evaluate every ``trainer.eval_every``
     and checkpoint every ``trainer.save_every`` steps and at the end.
 
@@ -345,14 +318,19 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
             while trainer.global_step < cfg.trainer.steps:
                 metrics = trainer.step()
                 step = trainer.global_step
-                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
-                    for key, result in evaluate(trainer.engine, trainer.task, eval_examples, cfg,
-                                                cfg.eval.split).items():
+                results = None
+                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and eval_examples:
+                    results = evaluate(trainer.engine, trainer.task, eval_examples, cfg, cfg.eval.split)
+                    for key, result in results.items():
                         metrics.update({f"eval/{key}/{name}": float(result[name]) for name in ("pass@1", "pass@k")})
                 history.append(logger.log(step, metrics))
                 _write_rollouts(run_dir, step, trainer.last_rollout)
+                hooks.step_end(step, history[-1])
+                if results is not None:
+                    hooks.evaluated(step, results)
                 if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps or stop.requested:
-                    _save_rl_checkpoint(cfg, trainer, run_dir / "checkpoints", init_model_dir, history)
+                    path = _save_rl_checkpoint(cfg, trainer, run_dir / "checkpoints", init_model_dir, history)
+                    hooks.saved(step, path)
                 if stop.requested:
                     raise RunInterrupted(step)
         except RunInterrupted:
@@ -363,7 +341,7 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
 
 
 def _save_rl_checkpoint(cfg: Config, trainer: RLTrainer, checkpoint_dir: Path, init_model_dir: str,
-                        history: list[dict]) -> None:
+                        history: list[dict]) -> Path:
     """``checkpoints/step_<k>``: the policy, the trainer's state, the RNG states, the metrics so far and,
     with LoRA, the adapter weights."""
     model = trainer.model
@@ -371,8 +349,8 @@ def _save_rl_checkpoint(cfg: Config, trainer: RLTrainer, checkpoint_dir: Path, i
                if cfg.model.lora_rank > 0 else None)
     state = {"trainer": trainer.state_dict(), "rng": ckpt.rng_state(trainer.engine), "metrics": history,
              "init_model_dir": init_model_dir, "adapter": adapter}
-    ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, trainer.tokenizer, state,
-                         keep=cfg.trainer.keep_checkpoints)
+    return ckpt.save_checkpoint(checkpoint_dir, trainer.global_step, model, trainer.tokenizer, state,
+                                keep=cfg.trainer.keep_checkpoints)
 
 
 class StopOnSignals:

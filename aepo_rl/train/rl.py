@@ -354,6 +354,23 @@ class ScoredGroup:
     scores: list[float]
 
 
+def score_groups(task: Task, examples: list[Example], groups: list[list[Trajectory]]
+                 ) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """The task's score of every trajectory (§3): one batched ``task.score`` call over the whole rollout when the
+    task has one (reward functions of TRL's convention, whose metrics it returns), else ``task.reward`` each."""
+    if not hasattr(task, "score"):
+        return [ScoredGroup(ex, trajs, [float(task.reward(ex, t.response_text)) for t in trajs])
+                for ex, trajs in zip(examples, groups)], {}
+    flat = [(ex, t) for ex, trajs in zip(examples, groups) for t in trajs]
+    scores, metrics = task.score([ex for ex, _ in flat], [t.response_text for _, t in flat],
+                                 [list(t.response_token_ids) for _, t in flat])
+    scored, start = [], 0
+    for ex, trajs in zip(examples, groups):
+        scored.append(ScoredGroup(ex, trajs, [float(s) for s in scores[start:start + len(trajs)]]))
+        start += len(trajs)
+    return scored, metrics
+
+
 class RLTrainer:
     """Policy, optimizer, data order, rollout state and reference model of one RL run; :meth:`step` is one RL step."""
 
@@ -443,9 +460,8 @@ class RLTrainer:
             # what ran before it, which makes resume exact.
             seed = (cfg.rollout.seed * 1_000_003 + self.global_step) * 16 + attempt
             result = run_rollout(self.engine, prompts, self.tools, cfg.rollout, seed=seed, state=self.rollout_state)
-            rollout_metrics.append(result.metrics)
-            groups = [ScoredGroup(ex, trajs, [float(self.task.reward(ex, t.response_text)) for t in trajs])
-                      for ex, trajs in zip(examples, result.groups)]
+            groups, reward_metrics = score_groups(self.task, examples, result.groups)
+            rollout_metrics.append({**result.metrics, **reward_metrics})
             all_groups += groups
             if not cfg.algorithm.dynamic_sampling:
                 kept = groups

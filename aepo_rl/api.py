@@ -1,0 +1,307 @@
+"""The Python API of the whole pipeline, in the shape of TRL's trainers; ``aepo train`` runs on it.
+
+::
+
+    from aepo_rl import AEPOTrainer
+
+    trainer = AEPOTrainer("aepo", train_dataset=train, eval_dataset=test, reward_funcs=[correct, short],
+                          reward_weights=[1.0, 0.2], tools=["search", "python"],
+                          overrides={"trainer.steps": 20}, output_dir="runs/mine")
+    trainer.train()          # SFT when the task has demonstrations, evaluation, RL, evaluation, plots
+    trainer.evaluate()       # {"dataset/test": {"pass@1": ..., "pass@k": ..., ...}}
+    trainer.save_model("models/mine")
+
+Datasets: a ``datasets.Dataset`` (or a list of dicts) with verl's columns (``prompt`` messages,
+``reward_model.ground_truth``), TRL's (``prompt``, ``answer``) or ``question`` / ``answer``
+(:mod:`aepo_rl.tasks.dataset`). Reward functions follow TRL's convention
+(:class:`aepo_rl.rewards.WeightedRewards`); registered reward names work too. Without a dataset the
+task is the config's (``task.name``), as on the command line. docs/python-api.md has a complete example.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aepo_rl.config import Config, ConfigError, load_config, set_key, to_yaml, validate
+from aepo_rl.progress import get_console
+from aepo_rl.tasks.base import Task
+from aepo_rl.train import checkpoint as ckpt
+from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
+                                    _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
+                                    before_after_table, check_rl_engine, evaluate_model, new_run_dir, resume_config,
+                                    run_rl_stage, run_sft_stage, write_plots)
+
+__all__ = ["AEPOTrainer", "TrainerCallback", "train_main"]
+
+CALLBACK_EVENTS = ("on_train_begin", "on_step_end", "on_evaluate", "on_save", "on_train_end")
+
+
+class TrainerCallback:
+    """Base class of callbacks (subclass it and override what you need; any object with some of these methods
+    works too). Each method receives the :class:`AEPOTrainer` first."""
+
+    def on_train_begin(self, trainer: AEPOTrainer) -> None:
+        """RL is about to start (after SFT and the first evaluation); ``trainer.model`` is the policy."""
+
+    def on_step_end(self, trainer: AEPOTrainer, step: int, metrics: dict[str, float]) -> None:
+        """RL step ``step`` (1, 2, …) is done; ``metrics`` is its line of metrics.jsonl."""
+
+    def on_evaluate(self, trainer: AEPOTrainer, step: int, results: dict) -> None:
+        """The policy after ``step`` RL steps (0: the starting policy) was evaluated: ``{"<task>/<split>": {...}}``."""
+
+    def on_save(self, trainer: AEPOTrainer, step: int, path: Path) -> None:
+        """The checkpoint of step ``step`` is complete in ``path`` (``path / "model"`` is a Hugging Face folder)."""
+
+    def on_train_end(self, trainer: AEPOTrainer, results: dict) -> None:
+        """``train()`` is about to return ``results`` (``{"sft": ..., "rl": ...}``, as eval.json)."""
+
+
+class _Callbacks(StageHooks):
+    """The pipeline's stage hooks, passed on to the user's callbacks with the trainer."""
+
+    def __init__(self, trainer: AEPOTrainer, callbacks: list):
+        self.trainer, self.callbacks = trainer, callbacks
+
+    def fire(self, event: str, *args) -> None:
+        for callback in self.callbacks:
+            method = getattr(callback, event, None)
+            if method is not None:
+                method(self.trainer, *args)
+
+    def rl_ready(self, rl) -> None:
+        self.trainer._rl = rl
+        self.fire("on_train_begin")
+
+    def step_end(self, step: int, metrics: dict[str, float]) -> None:
+        self.fire("on_step_end", step, dict(metrics))
+
+    def evaluated(self, step: int, results: dict) -> None:
+        self.fire("on_evaluate", step, results)
+
+    def saved(self, step: int, path: Path) -> None:
+        self.fire("on_save", step, Path(path))
+
+
+def _check_callbacks(callbacks) -> list:
+    callbacks = list(callbacks or [])
+    for i, callback in enumerate(callbacks):
+        if not any(callable(getattr(callback, event, None)) for event in CALLBACK_EVENTS):
+            raise TypeError(f"callbacks[{i}] ({type(callback).__name__}) has none of the methods "
+                            f"{', '.join(CALLBACK_EVENTS)}: subclass aepo_rl.TrainerCallback and override one")
+    return callbacks
+
+
+def _build_config(config: Config | str | None, overrides: dict[str, Any] | None) -> Config:
+    if config is None or isinstance(config, str):
+        return load_config(config or "aepo", overrides=overrides)
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an aepo_rl Config or a preset name, got {type(config).__name__} "
+                        "(aepo_rl.config.load_config(preset, yaml_path, overrides) builds one)")
+    cfg = copy.deepcopy(config)
+    for key, value in (overrides or {}).items():
+        set_key(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+class AEPOTrainer:
+    """The whole pipeline: task → policy → cold-start SFT (when the task has demonstrations) → evaluation →
+    RL → evaluation → plots, in one run folder (docs/training.md, "The run folder").
+
+    ``config``: a :class:`~aepo_rl.config.Config` or a preset name (default ``aepo``); ``overrides``:
+    dotted keys (``{"trainer.steps": 40, "rollout.n": 4}``), applied on top. ``model``: ``model.path``
+    (a Hugging Face folder, or ``smollm2``); ``output_dir``: the run folder (default
+    ``trainer.run_dir/trainer.run_name``).
+
+    With ``train_dataset`` (and optionally ``eval_dataset``, the split evaluated before and after RL)
+    the task is those rows with ``tools`` (registered names, :class:`~aepo_rl.tools.Tool` objects or
+    functions of one string; default ``search`` and ``python``, built from ``task.*``) and
+    ``reward_funcs`` with ``reward_weights`` (default: the registered reward ``task.reward``). Without
+    one it is the config's ``task.name``, and ``reward_funcs`` and ``tools`` must be left unset.
+    ``callbacks``: :class:`TrainerCallback` objects.
+    """
+
+    def __init__(self, config: Config | str | None = None, *, train_dataset=None, eval_dataset=None,
+                 reward_funcs=None, reward_weights=None, tools=None, callbacks=None, model: str | None = None,
+                 output_dir: str | Path | None = None, overrides: dict[str, Any] | None = None):
+        cfg = _build_config(config, overrides)
+        if model is not None:
+            set_key(cfg, "model.path", str(model))
+        if output_dir is not None:
+            output_dir = Path(output_dir)
+            set_key(cfg, "trainer.run_dir", str(output_dir.parent))
+            set_key(cfg, "trainer.run_name", output_dir.name)
+        validate(cfg)
+        self.cfg = cfg
+        self.callbacks = _check_callbacks(callbacks)
+        self._hooks = _Callbacks(self, self.callbacks)
+        self._task = self._dataset_task(train_dataset, eval_dataset, reward_funcs, reward_weights, tools)
+        self.run_dir: Path | None = None
+        """The run folder, once the run has started (``train()``, or ``evaluate()`` before it)."""
+        self.results: dict = {}
+        """What ``train()`` returned: the evaluations before (``sft``) and after (``rl``) RL, as eval.json."""
+        self._resumed: list[str] | None = None
+        self._rl = None
+
+    def _dataset_task(self, train_dataset, eval_dataset, reward_funcs, reward_weights, tools) -> Task | None:
+        if train_dataset is None and eval_dataset is None:
+            if reward_funcs is not None or reward_weights is not None or tools is not None:
+                raise ValueError("reward_funcs, reward_weights and tools go with train_dataset: without a dataset the "
+                                 f"task is the config's (task.name={self.cfg.task.name!r}) with its own reward and tools")
+            return None
+        from aepo_rl.rewards import WeightedRewards
+        from aepo_rl.tasks.common import ToolOptions
+        from aepo_rl.tasks.dataset import BUILT_WITH_CONFIG, DatasetTask, dataset_rows
+
+        task_cfg = self.cfg.task
+        rewards = WeightedRewards(reward_funcs if reward_funcs is not None else [task_cfg.reward], reward_weights,
+                                  judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
+        train = dataset_rows(train_dataset, "train_dataset") if train_dataset is not None else []
+        evaluation = dataset_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else []
+        return DatasetTask("dataset", train, evaluation, rewards,
+                           tools=BUILT_WITH_CONFIG if tools is None else list(tools), task_cfg=task_cfg,
+                           tool_options=ToolOptions.from_config(self.cfg))
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, overrides: dict[str, Any] | None = None, **kwargs) -> AEPOTrainer:
+        """A trainer that continues the run in ``run_dir`` with its own config.yaml, changed by ``overrides`` (only
+        ``aepo_rl.train.pipeline.RESUME_SAFE_KEYS``); give a dataset run its datasets, rewards and tools again."""
+        run_dir = Path(run_dir)
+        cfg, changed = resume_config(run_dir, overrides or {})
+        trainer = cls(cfg, **kwargs)
+        trainer.run_dir, trainer._resumed = run_dir, changed
+        return trainer
+
+    # -- what a run is made of ------------------------------------------------------------------
+
+    @property
+    def task(self) -> Task:
+        """The task: the datasets' (:class:`~aepo_rl.tasks.dataset.DatasetTask`), else the config's ``task.name``."""
+        if self._task is None:
+            self._task = _get_task(self.cfg)
+        return self._task
+
+    @property
+    def model(self):
+        """The policy being trained (built, from the run's newest checkpoint or its starting model, when needed)."""
+        return self._policy().model
+
+    @property
+    def tokenizer(self):
+        return self._policy().tokenizer
+
+    def _start_run(self) -> Path:
+        """The run folder: created (with config.yaml) on first use, unless the run is resumed."""
+        if self.run_dir is None:
+            check_rl_engine(self.cfg)
+            self.run_dir = new_run_dir(self.cfg)
+            ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.cfg))
+            get_console().print(f"[bold]run folder[/] {self.run_dir}")
+        return self.run_dir
+
+    def _policy(self):
+        """The RL trainer over the current policy: the one of ``train()``, or one built from the run's newest
+        checkpoint (or its SFT model) for ``evaluate()`` / ``save_model()`` outside it."""
+        if self._rl is None:
+            run_dir = self._start_run()
+            init_model_dir = run_sft_stage(self.cfg, run_dir, task=self.task)
+            self._rl, _ = _rl_trainer(self.cfg, init_model_dir, run_dir / "checkpoints", self.task)
+        return self._rl
+
+    # -- train, evaluate, save ------------------------------------------------------------------
+
+    def train(self) -> dict:
+        """Run the pipeline to the end, reusing every stage the run folder already holds; returns
+        ``{"sft": {...}, "rl": {...}}``, the evaluations before and after RL (eval.json; empty entries
+        without evaluation questions). Ctrl-C or SIGTERM: RL saves its step and
+        :class:`~aepo_rl.train.pipeline.RunInterrupted` (a KeyboardInterrupt) is raised; ``AEPOTrainer.resume``
+        continues."""
+        cfg, resumed = self.cfg, self._resumed is not None
+        check_rl_engine(cfg)
+        if resumed:
+            get_console().print(f"[bold]resuming[/] {self.run_dir}")
+            _forget_stale_results(self.run_dir, self._resumed)
+        run_dir = self._start_run()
+        t_start = time.perf_counter()
+        seconds: dict[str, float] = {}
+        try:
+            with _sigterm_like_ctrl_c():
+                t0 = time.perf_counter()
+                task = self.task
+                init_model_dir = run_sft_stage(cfg, run_dir, task=task)
+                seconds["task+model+SFT"] = time.perf_counter() - t0
+                results = _read_json(run_dir / "eval.json")
+                has_eval = bool(_eval_examples(cfg, task))
+                if "sft" not in results:
+                    t0 = time.perf_counter()
+                    results["sft"] = evaluate_model(cfg, init_model_dir, task) if has_eval else {}
+                    ckpt.atomic_write_text(run_dir / "eval.json", json.dumps(results, indent=2))
+                    if has_eval:
+                        self._hooks.evaluated(0, results["sft"])
+                    seconds["SFT eval"] = time.perf_counter() - t0
+                if "rl" not in results:
+                    t0 = time.perf_counter()
+                    self._rl = None
+                    results["rl"] = run_rl_stage(cfg, init_model_dir, run_dir, task=task, hooks=self._hooks)
+                    seconds["RL+eval"] = time.perf_counter() - t0
+        except KeyboardInterrupt:  # RunInterrupted (RL saved its last step), Ctrl-C or SIGTERM in SFT/eval
+            raise
+        except BaseException:
+            if not resumed:
+                _undo_failed_start(run_dir)
+            raise
+        write_plots(run_dir)
+        if results.get("sft") or results.get("rl"):
+            get_console().print(before_after_table(results))
+        stages = ", ".join(f"{stage} {value:.0f} s" for stage, value in seconds.items())
+        get_console().print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
+        self.results = results
+        self._hooks.fire("on_train_end", results)
+        return results
+
+    def evaluate(self, split: str | None = None) -> dict:
+        """pass@1 / pass@k of the current policy on ``split`` (default ``eval.split``, the eval_dataset's rows
+        for a dataset task), with the ``eval.*`` settings: ``{"<task>/<split>": {"pass@1", "pass@k", ...}}``."""
+        from aepo_rl.evaluate import evaluate
+
+        cfg = copy.deepcopy(self.cfg)
+        if split is not None:
+            cfg.eval.split = split
+        examples = _eval_examples(cfg, self.task)
+        if not examples:
+            raise ValueError(f"no questions to evaluate in {self.task.name}/{cfg.eval.split}"
+                             + (": give the trainer an eval_dataset" if self._task is not None else ""))
+        rl = self._policy()
+        results = evaluate(rl.engine, self.task, examples, cfg, cfg.eval.split)
+        self._hooks.evaluated(rl.global_step, results)
+        return results
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """Save the current policy as a Hugging Face folder (LoRA adapters merged) at ``path`` (default
+        ``<run folder>/model``); returns the folder."""
+        from aepo_rl.models import save_policy
+
+        rl = self._policy()
+        return Path(save_policy(rl.model, rl.tokenizer, Path(path) if path is not None else self.run_dir / "model"))
+
+
+def train_main(cfg: Config | None, resume: str | None = None, overrides: dict | None = None) -> int:
+    """``aepo train``: :meth:`AEPOTrainer.train` of ``cfg``, or of the run in ``resume`` with ``overrides``;
+    returns the process exit code (130 after Ctrl-C or SIGTERM)."""
+    if resume is not None:
+        trainer = AEPOTrainer.resume(resume, overrides)
+    else:
+        if overrides:
+            raise ConfigError("train_main: overrides go with resume; apply them to cfg")
+        trainer = AEPOTrainer(cfg)
+    try:
+        trainer.train()
+    except KeyboardInterrupt as stop:
+        where = f"after RL step {stop.step}" if isinstance(stop, RunInterrupted) else "before RL finished"
+        get_console().print(f"[yellow]stopped {where}; continue with: aepo train --resume {trainer.run_dir}[/]")
+        return 130
+    return 0

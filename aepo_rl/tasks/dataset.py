@@ -1,0 +1,158 @@
+"""A task over rows of data: a Hugging Face ``datasets.Dataset``, a list of dicts, or the rows of files.
+
+Rows follow verl's schema (``prompt`` = messages, ``reward_model.ground_truth``), TRL's (``prompt`` = a
+string or messages, ``answer``) or a question/answer pair (``aepo_rl.tasks.loaders.row_to_example``).
+The task scores completions with reward functions of TRL's convention
+(:class:`aepo_rl.rewards.WeightedRewards`): batched, called with the prompts (as the rows give them),
+the completions (the decoded responses, tool results included; strings for a string prompt,
+``[{"role": "assistant", "content": text}]`` for a conversational one), the completions' token ids and
+every other column as keyword arguments. ``task.name=file`` is this task over the files' rows
+(:class:`aepo_rl.tasks.loaders.FileTask`), so the command line and the Python API share it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Callable
+
+from aepo_rl.config import TaskConfig
+from aepo_rl.rewards import WeightedRewards, extract_answer, is_exact_match
+from aepo_rl.tasks.base import Demonstration, Example
+from aepo_rl.tasks.common import ToolOptions, build_tools, split_examples
+from aepo_rl.tools.base import Tool, ToolError, get_tool
+
+BUILT_WITH_CONFIG = ("search", "python")
+"""Tools named by these names are built from the config (``task.corpus`` / ``task.search_url``, the sandbox's limits)."""
+
+
+def dataset_rows(data: Any, what: str) -> list[tuple[str, dict]]:
+    """``(where, row)`` for each row of ``data``: a ``datasets.Dataset`` (anything iterable with
+    ``column_names``), a list of dicts or another iterable of mappings; ``where`` is ``"<what> row <i>"``,
+    counted from 1. Raises DatasetError naming the row when one is not a mapping, or when there is none."""
+    from aepo_rl.tasks.loaders import DatasetError
+
+    if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
+        raise DatasetError(f"{what} must be a datasets.Dataset or a list of dicts (one per row), got "
+                           f"{type(data).__name__}" + (" (a dict of columns? use datasets.Dataset.from_dict)"
+                                                       if isinstance(data, Mapping) else ""))
+    rows = []
+    for i, row in enumerate(data, start=1):
+        if not isinstance(row, Mapping):
+            raise DatasetError(f"{what} row {i}: expected a mapping of columns to values, got {type(row).__name__}")
+        rows.append((f"{what} row {i}", dict(row)))
+    if not rows:
+        raise DatasetError(f"{what} has no rows")
+    return rows
+
+
+class FunctionTool:
+    """A plain function ``fn(text: str) -> str`` as a tool: the model calls it as ``<name>text</name>``; its
+    docstring's first line describes it in the system prompt. An exception comes back as error text."""
+
+    def __init__(self, fn: Callable[[str], Any]):
+        parameters = [p for p in inspect.signature(fn).parameters.values()
+                      if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        name = getattr(fn, "__name__", "")
+        if len(parameters) != 1 or not name.isidentifier():
+            raise TypeError(f"tool {fn!r}: a function tool takes exactly one required argument (the text between its "
+                            "tags) and has a name; wrap others in a function of one string, or pass a Tool")
+        self.fn = fn
+        self.name = self.tag = name
+        self.argument = parameters[0].name
+        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        self.description = doc[0] if doc else f"<{name}>{self.argument}</{name}> calls {name}"
+
+    def run(self, arg: str) -> str:
+        try:
+            return str(self.fn(arg))
+        except Exception as err:  # a tool never raises (§1.1)
+            return ToolError(f"{type(err).__name__}: {err}")
+
+
+def tool_spec(tool: Any) -> str | Tool:
+    """A tool as given to a task: a registered name, a :class:`~aepo_rl.tools.base.Tool`, or a plain function."""
+    if isinstance(tool, str) or isinstance(tool, Tool):
+        return tool
+    if callable(tool):
+        return FunctionTool(tool)
+    raise TypeError(f"tool {tool!r}: give a registered tool name, a Tool (name, tag, description, run) or a "
+                    "function of one string")
+
+
+class DatasetTask:
+    """Questions from rows, the given tools, and reward functions of TRL's convention.
+
+    ``train_rows`` / ``eval_rows``: ``(where, row)`` pairs (:func:`dataset_rows`); the eval rows are the
+    ``dev``, ``test`` and ``val`` splits. ``tools``: registered names (``search`` and ``python`` are built
+    from ``task_cfg`` and ``tool_options``), tools or functions. ``correct`` (pass@k): a single binary
+    registered reward decides; otherwise exact match of the ``\\boxed{}`` answer with the row's gold answers.
+    """
+
+    def __init__(self, name: str, train_rows: list[tuple[str, dict]], eval_rows: list[tuple[str, dict]],
+                 rewards: WeightedRewards, *, tools: Sequence[Any] = BUILT_WITH_CONFIG,
+                 task_cfg: TaskConfig | None = None, tool_options: ToolOptions | None = None,
+                 id_prefix: Callable[[str], str] | None = None):
+        self.name, self.rewards = name, rewards
+        self.task_cfg, self.tool_options = task_cfg or TaskConfig(), tool_options
+        self.tool_specs = tuple(tool_spec(t) for t in tools)
+        tags = [t if isinstance(t, str) else t.tag for t in self.tool_specs]
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"tools: two tools share a name or tag in {tags}")
+        prefix = id_prefix or (lambda where: name)
+        self._splits = {"train": self._examples(train_rows, "train", prefix)}
+        val = self._examples(eval_rows, "val", prefix)
+        self._splits.update(dev=val, test=val, val=val)
+        self._tools: dict[str, Tool] | None = None
+
+    def _examples(self, rows: list[tuple[str, dict]], split: str, prefix) -> list[Example]:
+        from aepo_rl.tasks.loaders import row_to_example
+
+        fmt = self.tool_options.tool_format if self.tool_options else "xml"
+        return [row_to_example(row, where, f"{prefix(where)}-{split}-{i}", prefix(where), self.tool_specs, fmt)
+                for i, (where, row) in enumerate(rows)]
+
+    def examples(self, split: str) -> list[Example]:
+        return split_examples(self.name, self._splits, split)
+
+    def tools(self) -> dict[str, Tool]:
+        if self._tools is None:
+            names = tuple(t for t in self.tool_specs if isinstance(t, str))
+            built = build_tools(self.task_cfg, allowed=names, options=self.tool_options)
+            tools: dict[str, Tool] = {}
+            for spec in self.tool_specs:
+                if spec in BUILT_WITH_CONFIG:
+                    tools[spec] = built[spec]
+                elif isinstance(spec, str):
+                    tool = get_tool(spec)
+                    tools[tool.tag] = tool
+                else:
+                    tools[spec.tag] = spec
+            self._tools = tools
+        return self._tools
+
+    def score(self, examples: list[Example], texts: list[str], token_ids: list[list[int]]
+              ) -> tuple[list[float], dict[str, float]]:
+        """Every reward function once over the batch; the weighted scores and ``rewards/<name>/{mean,std}``."""
+        prompts = [ex.row.get("prompt", ex.question) for ex in examples]
+        completions = [text if isinstance(prompt, str) else [{"role": "assistant", "content": text}]
+                       for prompt, text in zip(prompts, texts)]
+        keys = list(dict.fromkeys(key for ex in examples for key in ex.row if key not in ("prompt", "completion")))
+        columns = {key: [ex.row.get(key) for ex in examples] for key in keys}
+        where = [f"completion {i} (row {ex.id})" for i, ex in enumerate(examples)]
+        return self.rewards(prompts, completions, token_ids, columns, where)
+
+    def reward(self, example: Example, response_text: str) -> float:
+        return self.score([example], [response_text], [[]])[0][0]
+
+    def correct(self, example: Example, response_text: str) -> bool:
+        if self.rewards.binary:
+            return self.reward(example, response_text) >= 1.0
+        return is_exact_match(extract_answer(response_text), example.answers)
+
+    def demonstrations(self) -> list[Demonstration]:
+        return []
+
+    def texts(self) -> list[str]:
+        return [m["content"] for e in self._splits["train"] for m in e.messages] + \
+               [a for e in self._splits["train"] for a in e.answers]
