@@ -213,6 +213,10 @@ def test_an_engine_that_does_not_declare_an_option_is_refused(tiny_model, tiny_t
         cfg = load_config(overrides={"rollout.engine": "plain_hf", "rollout.min_p": 0.1, "rollout.ignore_eos": True})
         with pytest.raises(ConfigError, match=r"'plain_hf' does not honour rollout.ignore_eos, rollout.min_p"):
             build_engine(cfg, tiny_model, tiny_tokenizer)
+        from aepo_rl.train.pipeline import check_rl_engine
+
+        with pytest.raises(ConfigError, match=r"does not honour rollout.ignore_eos, rollout.min_p"):
+            check_rl_engine(cfg)  # aepo train refuses it before SFT
     finally:
         del ENGINES["plain_hf"]
 

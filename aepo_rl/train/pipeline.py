@@ -46,7 +46,7 @@ from rich.table import Table
 
 from aepo_rl import registry
 from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, validate
-from aepo_rl.engines import build_engine, check_entropy_measure
+from aepo_rl.engines import build_engine, check_entropy_measure, check_sampling_options
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.progress import get_console
@@ -253,8 +253,8 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
 
 def check_rl_engine(cfg: Config) -> None:
     """Refuse, before any work, an engine the built-in RL trainer cannot train with: one that neither
-    shares the policy's weights nor syncs them after each update, or cannot give the configured
-    step-entropy measure."""
+    shares the policy's weights nor syncs them after each update, cannot give the configured
+    step-entropy measure, or does not honour a configured sampling option."""
     capabilities = registry.ENGINES.capabilities(cfg.rollout.engine)
     if not (capabilities["shares_weights"] or capabilities["syncs_weights"]):
         usable = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]
@@ -263,6 +263,7 @@ def check_rl_engine(cfg: Config) -> None:
                           f"the policy's weights or syncs them after each update (a server would keep sampling the "
                           f"old policy): one of {usable}")
     check_entropy_measure(cfg)
+    check_sampling_options(cfg)
 
 
 def _rl_trainer(cfg: Config, init_model_dir: str, checkpoint_dir: Path, task: Task) -> tuple[RLTrainer, list[dict]]:
