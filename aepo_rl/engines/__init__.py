@@ -1,5 +1,6 @@
 """Generation engines behind one protocol (:mod:`aepo_rl.engines.base`), registered by name with
-``@register_engine(name, shares_weights=..., entropies=...)`` on a factory ``(cfg, model, tokenizer) -> engine``."""
+``@register_engine(name, shares_weights=..., entropies=..., sampling=...)`` on a factory
+``(cfg, model, tokenizer) -> engine``."""
 
 from __future__ import annotations
 
