@@ -158,12 +158,16 @@ class AEPOTrainer:
         from aepo_rl.tasks.dataset import BUILT_WITH_CONFIG, DatasetTask, dataset_rows
 
         task_cfg = self.cfg.task
+        tools = BUILT_WITH_CONFIG if tools is None else list(tools)
+        if "search" in tools and not (task_cfg.corpus or task_cfg.search_url):
+            raise ConfigError("tools: the search tool needs documents: set task.corpus=<corpus.jsonl | wiki> or "
+                              "task.search_url=<a Search-R1 server> in overrides, or leave 'search' out of tools "
+                              "(tools=['python'])")
         rewards = WeightedRewards(reward_funcs if reward_funcs is not None else [task_cfg.reward], reward_weights,
                                   judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
         train = dataset_rows(train_dataset, "train_dataset") if train_dataset is not None else []
         evaluation = dataset_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else []
-        return DatasetTask("dataset", train, evaluation, rewards,
-                           tools=BUILT_WITH_CONFIG if tools is None else list(tools), task_cfg=task_cfg,
+        return DatasetTask("dataset", train, evaluation, rewards, tools=tools, task_cfg=task_cfg,
                            tool_options=ToolOptions.from_config(self.cfg))
 
     @classmethod

@@ -293,6 +293,9 @@ def test_dataset_errors_name_the_row_and_the_fix():
         AEPOTrainer(reward_funcs=[f1_to_gold])
     with pytest.raises(TypeError, match=r"callbacks\[0\] \(str\) has none of the methods"):
         AEPOTrainer(callbacks=["on_step_end"])
+    with pytest.raises(ValueError, match=r"the search tool needs documents: set task.corpus"):
+        AEPOTrainer(train_dataset=TRAIN, reward_funcs=["f1"])  # the default tools are search and python
+    assert list(AEPOTrainer(train_dataset=TRAIN, reward_funcs=["f1"], tools=["python"]).task.tool_specs) == ["python"]
 
 
 def test_a_function_is_a_tool():
