@@ -253,11 +253,22 @@ def test_sampling_options_match_hf(engine, model, tiny_tokenizer):
     tok = tiny_tokenizer
     hf = HFEngine(model, tok, seed=0)
     prompt = encode(tok, "The quick brown fox")
-    for params in (SamplingParams(greedy=True, repetition_penalty=1.8), SamplingParams(greedy=True, min_tokens=9),
-                   SamplingParams(greedy=True, ignore_eos=True, repetition_penalty=0.7)):
-        v = engine.generate([engine.add_sequence(prompt)], params, [9])[0]
-        h = hf.generate([hf.add_sequence(prompt)], params, [9])[0]
+    ends = encode(tok, "founded in")  # greedy decoding of this model ends with EOS as the 4th token
+    eos = tok.eos_token_id
+    cases = [(prompt, SamplingParams(greedy=True, repetition_penalty=1.8)),
+             (prompt, SamplingParams(greedy=True, ignore_eos=True, repetition_penalty=0.7)),
+             (ends, SamplingParams(greedy=True)), (ends, SamplingParams(greedy=True, min_tokens=9)),
+             (ends, SamplingParams(greedy=True, ignore_eos=True))]
+    segments = []
+    for context, params in cases:
+        v = engine.generate([engine.add_sequence(context)], params, [12])[0]
+        h = hf.generate([hf.add_sequence(context)], params, [12])[0]
         assert_same(v, h)
+        segments.append(v)
+    plain, at_least_nine, past_eos = segments[2:]
+    assert plain.finish_reason == "eos" and len(plain.token_ids) == 4
+    assert len(at_least_nine.token_ids) >= 9 and eos not in at_least_nine.token_ids[:9]
+    assert past_eos.token_ids[3] == eos and len(past_eos.token_ids) == 12 and past_eos.finish_reason == "length"
     forced = engine.generate([engine.add_sequence(prompt)], SamplingParams(min_tokens=8, ignore_eos=True), [8])[0]
     assert len(forced.token_ids) == 8 and forced.finish_reason == "length"
     argmax = engine.generate([engine.add_sequence(prompt)], SamplingParams(greedy=True), [5])[0]
