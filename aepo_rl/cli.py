@@ -88,7 +88,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = _config(args)
     _check_out(args.out, cfg)
     return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out,
-                        reference=args.reference)
+                        reference=args.reference, table_only=args.table_only)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo)")
     p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
     p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
+    p.add_argument("--table-only", action="store_true", help="train nothing: rebuild the table and plots of --out "
+                   "from the runs finished so far (another process may still be running the rest)")
     p.add_argument("--reference", default=None, help="preset the paired differences are taken against "
                    "(default aepo when compared, else the first preset)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>); run again with the same folder to "

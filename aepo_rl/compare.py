@@ -19,7 +19,9 @@ from typing import Any
 
 from scipy import stats
 
-from aepo_rl.config import PRESETS, Config, ConfigError, load_config, to_dict, to_yaml
+import yaml
+
+from aepo_rl.config import PRESETS, Config, ConfigError, from_dict, load_config, to_dict, to_yaml
 from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.report import mean_records, plot_records, plot_runs, read_metrics, read_run, series
 from aepo_rl.tasks import get_task
@@ -145,7 +147,8 @@ def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict
     entropy = values("actor/entropy")
     means = {col: math.fsum(v) / len(v) if (v := values(metric)) else None for col, metric in STEP_MEANS.items()}
     return {**eval_metrics(eval_result, split, run_dir),
-            "entropy_drift": entropy[-1] - entropy[0] if entropy else None, **means}
+            "entropy_drift": entropy[-1] - entropy[0] if entropy else None, **means,
+            "rl_time_s": math.fsum(values("timing_s/step"))}
 
 
 def summarize(runs: dict[str, list[dict[str, float | None]]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -223,6 +226,17 @@ def plot_preset_means(runs: dict[str, list[dict[str, Any]]], sft_eval: dict[str,
     plot_records(curves, out_dir)
 
 
+def time_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """RL wall time per preset (sum of ``timing_s/step`` over each run's steps: evaluation excluded)."""
+    lines = ["RL time per run (sum of timing_s/step; on a shared machine these move with its load):", "",
+             "| preset | runs | mean s per run | total s |", "|---|---|---|---|"]
+    for preset, rows in runs.items():
+        times = [row["rl_time_s"] for row in rows]
+        mean = f"{math.fsum(times) / len(times):.0f}" if times else "–"
+        lines.append(f"| {preset} | {len(times)} | {mean} | {math.fsum(times):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _seeds_cell(row: dict[str, Any]) -> str:
     stat = row[COLUMNS[0][0]]
     return "–" if stat is None else str(stat["n"])
@@ -241,25 +255,28 @@ def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, st
     return "\n".join(lines + [""] + notes) + "\n"
 
 
-def _finished(run_dir: Path, config_yaml: str, key: str = "rl") -> dict | None:
-    """The evaluation ``key`` of ``run_dir``'s eval.json when the run was completed with this very config, else None."""
+def _finished(run_dir: Path, cfg: Config, key: str = "rl") -> dict | None:
+    """The evaluation ``key`` of ``run_dir``'s eval.json when the run was completed with this config,
+    else None. Its config.yaml is read as a Config, so a key added to aepo-rl since (at its default)
+    does not make a finished run look different."""
     try:
-        if (run_dir / "config.yaml").read_text() != config_yaml:
+        if from_dict(yaml.safe_load((run_dir / "config.yaml").read_text())) != cfg:
             return None
         return json.loads((run_dir / "eval.json").read_text()).get(key)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ConfigError, TypeError, AttributeError):
         return None
 
 
 def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, steps: int | None = None,
-                 out_dir: str | None = None, reference: str | None = None) -> int:
+                 out_dir: str | None = None, reference: str | None = None, table_only: bool = False) -> int:
     """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots.
 
     ``presets``: a list (``seeds`` runs each) or ``{preset: runs}``. Run again with the same
     ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
     ``eval.json`` holds its final evaluation under the same config, and an interrupted run
     resumes from its newest checkpoint. ``reference`` (default ``aepo`` when compared, else the
-    first preset): the preset the paired differences are taken against.
+    first preset): the preset the paired differences are taken against. ``table_only``: train
+    nothing, tabulate the runs finished so far (another process may be running the rest).
     """
     from rich.table import Table
 
@@ -272,28 +289,40 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
     reference = reference or ("aepo" if "aepo" in counts else next(iter(counts)))
     if reference not in counts:
         raise ConfigError(f"--reference {reference!r} is not among --presets ({', '.join(counts)})")
+    if table_only and not out_dir:
+        raise ConfigError("--table-only needs --out: the folder of the comparison to tabulate")
     out = Path(out_dir) if out_dir else Path(cfg.trainer.run_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
     configs = preset_configs(cfg, counts, seeds, steps)
     _, dropped = split_overrides(cfg)
     if dropped:
         print(f"compare: not carried to the presets (algorithm settings): {', '.join(dropped)}")
-    atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
-    sft_model_dir = run_sft_stage(cfg, out / "sft")
-    # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
-    sft_eval = _finished(out / "sft", to_yaml(cfg), "sft")
-    if sft_eval is None:
-        sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
-        atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
+    if table_only:
+        sft_model_dir = str(out / "sft" / "checkpoints" / "sft")
+        sft_eval = _finished(out / "sft", cfg, "sft")
+        if sft_eval is None:
+            raise ConfigError(f"{out}: no evaluated SFT model made with this config in {out / 'sft'}; run the "
+                              "comparison (without --table-only) first, with the same presets and overrides")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
+        sft_model_dir = run_sft_stage(cfg, out / "sft")
+        # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
+        sft_eval = _finished(out / "sft", cfg, "sft")
+        if sft_eval is None:
+            sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
+            atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
     runs: dict[str, list[dict]] = {preset: [] for preset in counts}
-    run_dirs = []
+    run_dirs, missing = [], []
     with PhaseProgress("compare", len(configs), unit="runs") as progress:
         for (preset, index), run_cfg in configs.items():
             run_dir = out / f"{preset}-seed{index}"
-            config_yaml = to_yaml(run_cfg)
-            eval_result = _finished(run_dir, config_yaml)
+            eval_result = _finished(run_dir, run_cfg)
+            if eval_result is None and table_only:
+                missing.append(run_dir.name)
+                progress.advance(info=f"{preset} seed {index} not finished")
+                continue
             if eval_result is None:
-                atomic_write_text(run_dir / "config.yaml", config_yaml)
+                atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
                 eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
             runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
                                  **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
@@ -304,11 +333,15 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
     diffs = paired_differences(runs, reference)
     (out / "compare.json").write_text(json.dumps(
         {"presets": list(counts), "seeds": counts, "steps": num_steps, "sft_model": str(sft_model_dir),
-         "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs}, indent=2) + "\n")
+         "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs,
+         "unfinished": missing}, indent=2) + "\n")
     (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps)
-                                    + ("\n" + paired_table(diffs, reference) if diffs else ""))
-    plot_preset_means(runs, sft_eval, out / "plots")
-    plot_runs(run_dirs, out / "plots" / "runs")
+                                    + ("\n" + paired_table(diffs, reference) if diffs else "")
+                                    + "\n" + time_table(runs)
+                                    + (f"\nNot finished yet (left out above): {', '.join(missing)}\n" if missing else ""))
+    plot_preset_means({p: rows for p, rows in runs.items() if rows}, sft_eval, out / "plots")
+    if run_dirs:
+        plot_runs(run_dirs, out / "plots" / "runs")
     table = Table(title=f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
     table.add_column("preset")
     table.add_column("seeds", justify="right")

@@ -278,3 +278,56 @@ def test_preset_mean_plots_average_the_seeds(fake_pipeline, tmp_path, monkeypatc
     assert data["reference"] == "grpo" and list(data["paired_differences"]) == ["aepo"]
     with pytest.raises(ConfigError, match="--reference 'dapo' is not among --presets"):
         compare_main(load_config(), ["grpo"], seeds=1, steps=2, out_dir=str(tmp_path), reference="dapo")
+
+
+def test_table_only_tabulates_the_finished_runs_and_trains_nothing(fake_pipeline, tmp_path, capsys):
+    from aepo_rl.cli import main
+
+    cfg = load_config("aepo", overrides=["rollout.n=4"])
+    with pytest.raises(ConfigError, match="no evaluated SFT model"):
+        compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=2, out_dir=str(tmp_path), table_only=True)
+    compare_main(cfg, ["grpo", "aepo"], seeds=2, steps=2, out_dir=str(tmp_path))
+    (tmp_path / "aepo-seed1" / "eval.json").unlink()  # still running elsewhere
+    # a run written by an older aepo-rl, whose config.yaml lacks a key added since (at its default)
+    old = yaml.safe_load((tmp_path / "grpo-seed0" / "config.yaml").read_text())
+    del old["rollout"]["min_p"]
+    (tmp_path / "grpo-seed0" / "config.yaml").write_text(yaml.safe_dump(old))
+    fake_pipeline["rl"].clear()
+    fake_pipeline["sft"].clear()
+    capsys.readouterr()
+    assert main(["compare", "--presets", "grpo,aepo", "--seeds", "2", "--steps", "2", "--out", str(tmp_path),
+                 "--table-only", "rollout.n=4"]) == 0
+    assert fake_pipeline["rl"] == [] and fake_pipeline["sft"] == []
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["unfinished"] == ["aepo-seed1"]
+    assert data["summary"]["grpo"]["pass@1"]["n"] == 2 and data["summary"]["aepo"]["pass@1"]["n"] == 1
+    md = (tmp_path / "compare.md").read_text()
+    assert "Not finished yet (left out above): aepo-seed1" in md
+    assert "| grpo | 2 | 0 | 0 |" in md  # the fake runs log no timing_s/step
+    with pytest.raises(ConfigError, match="--table-only needs --out"):
+        compare_main(cfg, ["grpo"], seeds=1, table_only=True)
+
+
+def test_run_time_is_the_sum_of_the_step_times(tmp_path):
+    from aepo_rl.compare import run_metrics, time_table
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "timing_s/step": t}) + "\n"
+                                                    for s, t in ((1, 1.5), (2, 2.0), (3, 2.5))))
+    result = {"synthetic/test": {"pass@1": 0.5, "pass@k": 0.7, "tool_calls/mean": 1.0}}
+    row = run_metrics(result, "test", tmp_path)
+    assert row["rl_time_s"] == pytest.approx(6.0)
+    assert "| grpo | 2 | 5 | 10 |" in time_table({"grpo": [row, {**row, "rl_time_s": 4.0}]})
+
+
+def test_the_example_comparison_script_covers_every_compared_preset_and_ablation():
+    import re
+    from pathlib import Path
+
+    from aepo_rl.compare import parse_presets
+
+    script = (Path(__file__).parents[1] / "examples" / "compare_all.sh").read_text()
+    counts = parse_presets(re.search(r"--presets (\S+)", script).group(1), int(re.search(r"--seeds (\d+)", script).group(1)))
+    assert {p: counts[p] for p in ("grpo", "arpo", "aepo")} == {"grpo": 5, "arpo": 5, "aepo": 5}
+    others = ("reinforce_plus_plus", "dapo", "gppo", "cispo", "gigpo", "official", "aepo_no_premonitor",
+              "aepo_no_branch_penalty", "aepo_no_sg_clip", "aepo_no_entropy_adv")
+    assert all(counts[p] >= 3 for p in others)
