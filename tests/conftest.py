@@ -87,19 +87,27 @@ def _verl_missing() -> str | None:
     return None
 
 
-_MISSING = {"vllm": _vllm_missing, "verl": _verl_missing}
+def _trl_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return 'trl is not installed here: pip install -e ".[dev]" (or ".[trl]") installs it (docs/trl.md)'
+    return None
+
+
+def _missing() -> dict[str, str]:
+    """Marker -> why its tests are skipped here (an optional stack that is not installed)."""
+    checks = (("vllm", _vllm_missing), ("verl", _verl_missing), ("trl", _trl_missing))
+    return {marker: reason for marker, check in checks if (reason := check())}
 
 
 def pytest_report_header(config):
-    reasons = [(marker, check()) for marker, check in _MISSING.items()]
-    return [f"{marker} tests skipped: {reason}" for marker, reason in reasons if reason]
+    return [f"{marker} tests skipped: {reason}" for marker, reason in _missing().items()]
 
 
 def pytest_collection_modifyitems(config, items):
-    for marker, check in _MISSING.items():
-        reason = check()
-        if reason:
-            skip = pytest.mark.skip(reason=reason)
-            for item in items:
-                if marker in item.keywords:
-                    item.add_marker(skip)
+    for marker, reason in _missing().items():
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
