@@ -34,6 +34,8 @@ import pytest
 from aepo_rl import cli, registry
 from aepo_rl.train.checkpoint import save_checkpoint
 
+from conftest import _trl_missing
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
@@ -184,6 +186,8 @@ def test_every_not_run_mark_stands_before_a_code_block():
 def test_python_block_runs(block, in_workdir, capsys):
     if block.not_run:
         pytest.skip(f"not run: {block.not_run}")
+    if "aepo_rl.integrations.trl" in block.text and (reason := _trl_missing()):
+        pytest.skip(reason)
     code = compile(block.text, block.where, "exec")
     exec(code, {"__name__": f"docs_block_{block.line}"})
 
