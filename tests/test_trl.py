@@ -300,3 +300,17 @@ def test_config_and_rollout_errors_name_the_key(adapter, tiny_tokenizer, tmp_pat
         rollout(["a", "a", "b"], trainer)
     with pytest.raises(ValueError, match="rows 0..1 are not one prompt repeated"):
         rollout(["a", "b"], trainer)
+    trainer.args.mask_truncated_completions = True
+    with pytest.raises(ValueError, match="set it to False"):
+        rollout(["a", "a"], trainer)
+
+
+def test_tree_rollout_func_in_evaluation_gives_independent_samples(adapter, tiny_tokenizer, tmp_path):
+    config = _config(adapter.AEPOGRPOConfig, tmp_path, num_generations_eval=3)
+    trainer = _trainer(adapter.AEPOGRPOTrainer, config, tiny_tokenizer)
+    trainer.model.eval()
+    rollout = adapter.TreeRolloutFunc([EchoSearch()], branch_threshold=0.0)
+    out = rollout(["who founded Velmora?"] * 3, trainer)
+    assert len(out["completion_ids"]) == 3 and out["aepo_parent_id"] == [None] * 3
+    assert all(0 < len(ids) <= 8 and len(mask) == len(ids) for ids, mask in zip(out["completion_ids"], out["env_mask"]))
+    assert out["prompt_ids"][0] == tiny_tokenizer("who founded Velmora?")["input_ids"]

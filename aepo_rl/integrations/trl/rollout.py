@@ -67,6 +67,9 @@ class TreeRolloutFunc:
         if args.min_p is not None or args.repetition_penalty != 1.0 or args.generation_kwargs:
             raise ValueError("TreeRolloutFunc samples with temperature, top_p and top_k only; unset min_p, "
                              "repetition_penalty (1.0) and generation_kwargs in the GRPOConfig")
+        if args.mask_truncated_completions:
+            raise ValueError("TreeRolloutFunc: mask_truncated_completions=True would drop every trajectory that does not "
+                             "end with EOS, those ending at </answer> or a call limit included; set it to False")
         if trainer.tools or trainer.environment_factories is not None:
             raise ValueError("TreeRolloutFunc runs the tools itself: pass them to TreeRolloutFunc(tools), not "
                              "tools= / environment_factory= to the trainer")
