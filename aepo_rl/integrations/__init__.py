@@ -1,1 +1,1 @@
-"""Integrations with distributed RL engines (verl)."""
+"""Adapters that bring AEPO into other trainers: the verl plugin (``verl/``) and the TRL adapter (``trl/``)."""
