@@ -226,6 +226,17 @@ def plot_preset_means(runs: dict[str, list[dict[str, Any]]], sft_eval: dict[str,
     plot_records(curves, out_dir)
 
 
+def seed_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """Every run's pass@1 / pass@k, by preset and seed (nothing selected, nothing left out)."""
+    width = max((len(rows) for rows in runs.values()), default=0)
+    lines = ["Every run: pass@1 / pass@k by seed index (trainer.seed and rollout.seed = yours + index):", "",
+             "| preset | " + " | ".join(f"seed {i}" for i in range(width)) + " |", "|" + "---|" * (width + 1)]
+    for preset, rows in runs.items():
+        cells = [f"{row['pass@1']:.3f} / {row['pass@k']:.3f}" for row in rows] + ["–"] * (width - len(rows))
+        lines.append(f"| {preset} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def time_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """RL wall time per preset (sum of ``timing_s/step`` over each run's steps: evaluation excluded)."""
     lines = ["RL time per run (sum of timing_s/step; on a shared machine these move with its load):", "",
@@ -337,7 +348,7 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
          "unfinished": missing}, indent=2) + "\n")
     (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps)
                                     + ("\n" + paired_table(diffs, reference) if diffs else "")
-                                    + "\n" + time_table(runs)
+                                    + "\n" + seed_table(runs) + "\n" + time_table(runs)
                                     + (f"\nNot finished yet (left out above): {', '.join(missing)}\n" if missing else ""))
     plot_preset_means({p: rows for p, rows in runs.items() if rows}, sft_eval, out / "plots")
     if run_dirs:

@@ -331,3 +331,11 @@ def test_the_example_comparison_script_covers_every_compared_preset_and_ablation
     others = ("reinforce_plus_plus", "dapo", "gppo", "cispo", "gigpo", "official", "aepo_no_premonitor",
               "aepo_no_branch_penalty", "aepo_no_sg_clip", "aepo_no_entropy_adv")
     assert all(counts[p] >= 3 for p in others)
+
+
+def test_every_run_is_in_the_seed_table(fake_pipeline, tmp_path):
+    compare_main(load_config(), {"grpo": 3, "aepo": 2}, seeds=3, steps=2, out_dir=str(tmp_path))
+    md = (tmp_path / "compare.md").read_text()
+    assert "| preset | seed 0 | seed 1 | seed 2 |" in md
+    assert "| grpo | 0.200 / 0.500 | 0.400 / 0.600 | 0.600 / 0.700 |" in md
+    assert "| aepo | 0.500 / 0.800 | 0.500 / 0.800 | – |" in md
