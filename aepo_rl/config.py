@@ -172,9 +172,9 @@ class AlgorithmConfig:
     clip_ratio_low: float = knob(0.2, "ε_l, lower clip (§2.3; release 0.2).", ge=0, le=1)
     clip_ratio_high: float = knob(0.2, "ε_h, upper clip (§2.3; release 0.2; DAPO/GPPO 0.28).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound c for A < 0 (§2.3; release 3).", gt=1)
-    loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.4).", choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.5).", choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
     loss_agg_scope: str = knob("mini-batch", "Loss normalised over the whole mini-batch (verl ≥ 0.6; default) or over each micro-batch, "
-                                             "micro-batch losses weighted by their share of sequences (release, verl 0.3.1) (§2.4).",
+                                             "micro-batch losses weighted by their share of sequences (release, verl 0.3.1) (§2.5).",
                                choices=("mini-batch", "micro-batch"))
     loss_scale_factor: int | None = knob(None, "Constant divisor T of seq-mean-token-sum-norm (Dr.GRPO, §4; verl's actor.loss_scale_factor) "
                                                "in tokens; None = rollout.max_response_length, the length the release pads responses to.", ge=1)

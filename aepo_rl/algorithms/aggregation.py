@@ -1,4 +1,4 @@
-"""Loss aggregation over a [batch, response_len] per-token loss, in verl's four modes (§2.4), and
+"""Loss aggregation over a [batch, response_len] per-token loss, in verl's four modes (§2.5), and
 the weight of a micro-batch's loss in its mini-batch's gradient."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
              loss_scale_factor: int | None = None) -> torch.Tensor:
     """Reduce a per-token loss L[i, t] over the tokens with mask 1 to a scalar.
 
-    - ``token-mean`` (release, §2.4): Σ_i,t m·L / Σ_i,t m.
+    - ``token-mean`` (release, §2.5): Σ_i,t m·L / Σ_i,t m.
     - ``seq-mean-token-sum``: mean over sequences of Σ_t m·L.
     - ``seq-mean-token-mean``: mean over sequences of (Σ_t m·L / Σ_t m).
     - ``seq-mean-token-sum-norm`` (Dr.GRPO, §4): mean over sequences of Σ_t m·L / T with a
@@ -54,7 +54,7 @@ def agg_units(mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 def micro_batch_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, mode: str,
                        scope: str = "mini-batch") -> float:
-    """Weight w_k of micro-batch k's ``agg_loss`` in its mini-batch's loss Σ_k w_k·agg_k (§2.4).
+    """Weight w_k of micro-batch k's ``agg_loss`` in its mini-batch's loss Σ_k w_k·agg_k (§2.5).
 
     - ``mini-batch`` (verl ≥ 0.6, default): w_k = the micro-batch's share of the mini-batch's
       :func:`agg_units`, so the accumulated loss is ``agg_loss`` of the whole mini-batch (verl
