@@ -182,12 +182,12 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) ->
     per-seed difference removes what they have in common: its interval is the test of "preset and
     reference differ" (an interval holding 0 does not separate them).
     """
-    ref = runs[reference]
+    ref = {row["seed_index"]: row for row in runs[reference]}
     out = {}
     for preset, rows in runs.items():
         if preset == reference:
             continue
-        pairs = list(zip(rows, ref))
+        pairs = [(row, ref[row["seed_index"]]) for row in rows if row["seed_index"] in ref]
         out[preset] = {col: mean_ci95([None if a[col] is None or b[col] is None else a[col] - b[col] for a, b in pairs])
                        for col in PAIRED_COLUMNS}
     return out
@@ -228,11 +228,12 @@ def plot_preset_means(runs: dict[str, list[dict[str, Any]]], sft_eval: dict[str,
 
 def seed_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """Every run's pass@1 / pass@k, by preset and seed (nothing selected, nothing left out)."""
-    width = max((len(rows) for rows in runs.values()), default=0)
+    width = max((row["seed_index"] + 1 for rows in runs.values() for row in rows), default=0)
     lines = ["Every run: pass@1 / pass@k by seed index (trainer.seed and rollout.seed = yours + index):", "",
              "| preset | " + " | ".join(f"seed {i}" for i in range(width)) + " |", "|" + "---|" * (width + 1)]
     for preset, rows in runs.items():
-        cells = [f"{row['pass@1']:.3f} / {row['pass@k']:.3f}" for row in rows] + ["–"] * (width - len(rows))
+        by_index = {row["seed_index"]: f"{row['pass@1']:.3f} / {row['pass@k']:.3f}" for row in rows}
+        cells = [by_index.get(i, "–") for i in range(width)]
         lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -335,7 +336,7 @@ def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, s
             if eval_result is None:
                 atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
                 eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
-            runs[preset].append({"seed": run_cfg.trainer.seed, "run_dir": str(run_dir),
+            runs[preset].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
                                  **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
             run_dirs.append(run_dir)
             progress.advance(info=f"{preset} seed {index} done")

@@ -252,9 +252,11 @@ def test_compare_again_keeps_finished_runs_and_reruns_changed_ones(fake_pipeline
 def test_paired_differences_use_common_seed_indices_and_say_what_separates():
     from aepo_rl.compare import paired_differences, separates
 
-    runs = {"a": [{"pass@1": 0.5, "pass@k": 0.7, "tool_calls": 1.0}, {"pass@1": 0.6, "pass@k": 0.7, "tool_calls": None}],
-            "b": [{"pass@1": 0.4, "pass@k": 0.7, "tool_calls": 1.0}, {"pass@1": 0.4, "pass@k": 0.7, "tool_calls": 2.0},
-                  {"pass@1": 0.9, "pass@k": 0.9, "tool_calls": 2.0}]}
+    def rows(*values):
+        return [{"seed_index": i, "pass@1": p1, "pass@k": pk, "tool_calls": t} for i, p1, pk, t in values]
+
+    runs = {"a": rows((0, 0.5, 0.7, 1.0), (1, 0.6, 0.7, None)),
+            "b": rows((0, 0.4, 0.7, 1.0), (1, 0.4, 0.7, 2.0), (2, 0.9, 0.9, 2.0))}
     diffs = paired_differences(runs, "b")
     assert list(diffs) == ["a"]
     assert diffs["a"]["pass@1"]["n"] == 2 and diffs["a"]["pass@1"]["mean"] == pytest.approx(0.15)
@@ -339,3 +341,14 @@ def test_every_run_is_in_the_seed_table(fake_pipeline, tmp_path):
     assert "| preset | seed 0 | seed 1 | seed 2 |" in md
     assert "| grpo | 0.200 / 0.500 | 0.400 / 0.600 | 0.600 / 0.700 |" in md
     assert "| aepo | 0.500 / 0.800 | 0.500 / 0.800 | – |" in md
+
+
+
+def test_pairs_and_seed_columns_follow_the_seed_index_when_a_run_is_missing(fake_pipeline, tmp_path):
+    cfg = load_config()
+    compare_main(cfg, ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path))
+    (tmp_path / "aepo-seed1" / "eval.json").unlink()  # not finished: aepo has seeds 0 and 2
+    compare_main(cfg, ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path), table_only=True, reference="grpo")
+    diff = json.loads((tmp_path / "compare.json").read_text())["paired_differences"]["aepo"]["pass@1"]
+    assert diff["n"] == 2 and diff["mean"] == pytest.approx(((0.5 - 0.2) + (0.8 - 0.6)) / 2)  # seeds 0 and 2
+    assert "| aepo | 0.500 / 0.800 | – | 0.800 / 0.900 |" in (tmp_path / "compare.md").read_text()
