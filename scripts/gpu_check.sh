@@ -25,14 +25,14 @@ fi
   git log -1 --format='commit %h %s' 2>/dev/null; } 2>&1 | tee "$OUT/gpu.txt"
 
 echo "== 1/3 the gpu tests"
-timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
+timeout 170 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
 
 echo "== 2/3 two RL steps of a random Qwen3-0.6B shape on the GPU"
 rm -rf /tmp/aepo-gpu-runs
-timeout 300 python3 -m aepo_rl train model.init=random:qwen3-0.6b model.dtype=bfloat16 \
+timeout 240 python3 -m aepo_rl train model.init=random:qwen3-0.6b model.dtype=bfloat16 \
     model.gradient_checkpointing=true trainer.device=cuda sft.epochs=0 trainer.steps=2 eval.num_questions=16 \
     trainer.run_dir=/tmp/aepo-gpu-runs trainer.run_name=qwen3-0.6b 2>&1 | tee "$OUT/train.log"
 cp /tmp/aepo-gpu-runs/qwen3-0.6b/metrics.jsonl "$OUT/" 2>/dev/null
 
 echo "== 3/3 memory probe: one training step at 8192 tokens"
-timeout 240 python3 scripts/gpu_probe.py --out "$OUT/probe.json" 2>&1 | tee "$OUT/probe.log"
+timeout 170 python3 scripts/gpu_probe.py --out "$OUT/probe.json" 2>&1 | tee "$OUT/probe.log"
