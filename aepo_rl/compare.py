@@ -172,7 +172,9 @@ def format_cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
 
 
-PAIRED_COLUMNS = ("pass@1", "pass@k", "tool_calls")
+PAIRED_TABLES = ((("pass@1", "pass@k", "tool_calls"), "outcomes"),
+                 (("entropy_drift", "distinct_per_group", "branches", "largest_subtree"), "rollouts and entropy"))
+"""The paired differences are printed as two tables of these columns (the JSON holds every column)."""
 
 
 def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -188,8 +190,9 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) ->
         if preset == reference:
             continue
         pairs = [(row, ref[row["seed_index"]]) for row in rows if row["seed_index"] in ref]
-        out[preset] = {col: mean_ci95([None if a[col] is None or b[col] is None else a[col] - b[col] for a, b in pairs])
-                       for col in PAIRED_COLUMNS}
+        out[preset] = {col: mean_ci95([None if a.get(col) is None or b.get(col) is None else a[col] - b[col]
+                                       for a, b in pairs])
+                       for col, _ in COLUMNS}
     return out
 
 
@@ -201,13 +204,16 @@ def separates(stat: dict[str, Any] | None) -> str:
 
 
 def paired_table(diffs: dict[str, dict[str, dict[str, Any]]], reference: str) -> str:
+    """Markdown: one table per :data:`PAIRED_TABLES` entry, a row per preset, Δ and "separated" per column."""
     lines = [f"Paired differences, preset − {reference}, over the seed indices both ran (same SFT model, data order "
-             f"and sampling seed); 'separated': the 95% interval excludes 0.", "",
-             "| preset | pairs | " + " | ".join(f"Δ{col} | separated" for col in PAIRED_COLUMNS) + " |",
-             "|" + "---|" * (2 + 2 * len(PAIRED_COLUMNS))]
-    for preset, row in diffs.items():
-        cells = " | ".join(f"{format_cell(row[col])} | {separates(row[col])}" for col in PAIRED_COLUMNS)
-        lines.append(f"| {preset} | {row[PAIRED_COLUMNS[0]]['n']} | {cells} |")
+             f"and sampling seed); 'separated': the 95% interval excludes 0."]
+    for columns, title in PAIRED_TABLES:
+        lines += ["", f"{title[0].upper()}{title[1:]}:", "",
+                  "| preset | pairs | " + " | ".join(f"Δ{col} | separated" for col in columns) + " |",
+                  "|" + "---|" * (2 + 2 * len(columns))]
+        for preset, row in diffs.items():
+            cells = " | ".join(f"{format_cell(row[col])} | {separates(row[col])}" for col in columns)
+            lines.append(f"| {preset} | {row[columns[0]]['n']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

@@ -265,6 +265,20 @@ def test_paired_differences_use_common_seed_indices_and_say_what_separates():
     assert separates(diffs["a"]["pass@1"]) == "no"  # 0.15 ± 12.7·0.05/√2
     assert separates({"mean": 0.1, "ci95": 0.05, "n": 3}) == "yes"
     assert separates(diffs["a"]["tool_calls"]) == "–"
+    assert diffs["a"]["branches"] == {"mean": None, "ci95": None, "n": 0}  # a column the runs lack
+
+
+def test_the_paired_tables_cover_outcomes_and_rollouts():
+    from aepo_rl.compare import COLUMNS, paired_differences, paired_table
+
+    def row(i, shift):
+        return {"seed_index": i, **{col: shift + i * 0.01 for col, _ in COLUMNS}}
+
+    diffs = paired_differences({"ref": [row(i, 0.0) for i in range(3)], "x": [row(i, 0.5) for i in range(3)]}, "ref")
+    assert all(diffs["x"][col]["mean"] == pytest.approx(0.5) for col, _ in COLUMNS)
+    table = paired_table(diffs, "ref")
+    assert "Δpass@1 | separated" in table and "Δlargest_subtree | separated" in table
+    assert table.count("| x | 3 |") == 2 and "0.500 ± 0.000 | yes" in table
 
 
 def test_preset_mean_plots_average_the_seeds(fake_pipeline, tmp_path, monkeypatch):
