@@ -95,3 +95,14 @@ def test_cli_config_show(capsys):
     assert "preset: official" in out and "n: 12" in out and "penalty_scope: prompt_round" in out
     assert main(["config", "show", "rollout.nn=3"]) == 2
     assert "did you mean 'rollout.n'" in capsys.readouterr().err
+
+
+def test_the_example_configs_load_and_set_what_they_say():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parent.parent / "examples").rglob("*.yaml"))
+    assert examples, "no example configs found"
+    for path in examples:
+        load_config(yaml_path=path)  # an unknown key or a bad value raises ConfigError naming it
+    cfg = load_config(yaml_path=Path(__file__).parent.parent / "examples" / "smollm2" / "aepo.yaml")
+    assert (cfg.model.path, cfg.rollout.tool_format, cfg.sft.epochs) == ("smollm2", "xml", 2)
