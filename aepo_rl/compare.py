@@ -172,9 +172,11 @@ def format_cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
 
 
-PAIRED_TABLES = ((("pass@1", "pass@k", "tool_calls"), "outcomes"),
-                 (("entropy_drift", "distinct_per_group", "branches", "largest_subtree"), "rollouts and entropy"))
-"""The paired differences are printed as two tables of these columns (the JSON holds every column)."""
+OUTCOME_COLUMNS = ("pass@1", "pass@k", "tool_calls")
+PAIRED_TABLES = ((OUTCOME_COLUMNS, "outcomes"),
+                 (tuple(col for col, _ in COLUMNS if col not in OUTCOME_COLUMNS), "rollouts and entropy"))
+"""The paired differences are printed as two tables: the final evaluation's columns, then every
+other column of :data:`COLUMNS` (the JSON holds them all)."""
 
 
 def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, dict[str, dict[str, Any]]]:
