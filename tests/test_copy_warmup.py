@@ -1,8 +1,10 @@
 """The tiny model's copy warm-up: its data and its training loop."""
 
+import pytest
 import torch
 
-from aepo_rl.train.copy_warmup import COPY_LENGTHS, copy_batch, copy_warmup, repeated_half, repeated_half_accuracy
+from aepo_rl.train.copy_warmup import (COPY_LENGTHS, copy_batch, copy_warmup, induction_circuit, repeated_half,
+                                       repeated_half_accuracy)
 from tests.conftest import build_tiny_model
 
 
@@ -67,3 +69,46 @@ def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):
     before = [p.detach().clone() for p in model.parameters()]
     assert copy_warmup(model, tiny_tokenizer, steps=50, seed=5) == []
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _copy_model(tokenizer, seed=0, head_dim=32):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=head_dim, tie_word_embeddings=True)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _copy_accuracy(model, tokenizer) -> float:
+    special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+    pool = torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+    ids, mask = copy_batch(pool, 64, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1][mask[:, 1:].bool()]
+    return repeated_half_accuracy(logits, ids, mask)
+
+
+def test_induction_circuit_copies_from_the_first_step(tiny_tokenizer):
+    model = _copy_model(tiny_tokenizer)
+    assert _copy_accuracy(model, tiny_tokenizer) < 0.2  # random weights do not copy
+    induction_circuit(model, seed=0)
+    assert _copy_accuracy(model, tiny_tokenizer) > 0.85
+    assert len(copy_warmup(model, tiny_tokenizer, steps=200, seed=5)) < 100  # the warm-up reaches its target soon
+
+
+def test_induction_circuit_heads_attend_to_the_previous_and_the_matching_position(tiny_tokenizer):
+    model = _copy_model(tiny_tokenizer, seed=1)
+    induction_circuit(model, seed=1)
+    model.set_attn_implementation("eager")
+    x = torch.randint(300, len(tiny_tokenizer) - 10, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attentions = model(torch.cat([x, x], 1), output_attentions=True).attentions
+    previous, matching = attentions[0][0, 0], attentions[1][0, 0]
+    assert all(previous[i, i - 1] > 0.9 for i in range(1, 24))
+    assert all(matching[12 + m, m + 1] > 0.5 for m in range(11))  # the token after the earlier copy
+
+
+def test_induction_circuit_names_the_sizes_it_needs(tiny_tokenizer):
+    with pytest.raises(ValueError, match="head_dim.*model.tiny_init=random"):
+        induction_circuit(_copy_model(tiny_tokenizer, head_dim=16))

@@ -14,7 +14,7 @@ TEXTS = ["Velmora was founded in 1874 by Ada Korrin. <search>Velmora founder</se
          " <result>\nPage 1: Velmora\n</result> <python>print(2024 - 1874)</python> <answer>\\boxed{150}</answer>",
          ] + [f"city number {i} lies on the river Ostra near the hills of Kamet" for i in range(40)]
 
-TINY = {"model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
+TINY = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
         "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
         "model.tiny_vocab_size": 400, "model.tiny_max_positions": 256, "model.tiny_copy_steps": 2}
 

@@ -266,7 +266,7 @@ def test_aepo_train_runs_every_example_plugin(tmp_path):
     args = [arg for stem in EXAMPLES for arg in ("--plugin", str(PLUGINS / f"{stem}.py"))]
     overrides = {**TINY, "algorithm.policy_loss": "unclipped", "algorithm.adv_estimator": "batch_mean",
                  "task.name": "wordcount", "task.reward": "numeric_match", "rollout.engine": "counting_hf",
-                 "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+                 "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
                  "model.tiny_intermediate_size": 64, "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2,
                  "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16, "model.tiny_copy_steps": 2, "sft.epochs": 1,
                  "sft.batch_size": 4, "trainer.steps": 1, "eval.samples": 1, "trainer.run_name": "plugins",

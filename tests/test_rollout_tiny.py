@@ -136,7 +136,7 @@ def test_aepo_rollout_command(tmp_path, capsys):
     out = tmp_path / "ro"
     code = main(["rollout", "--task", "synthetic", "--num-prompts", "2", "--out", str(out), "rollout.n=3",
                  "rollout.max_response_length=12", "rollout.premonitor_probe_tokens=4", "task.num_train=4",
-                 "task.num_demonstrations=8", f"model.cache_dir={tmp_path / 'cache'}", "model.tiny_hidden_size=32",
+                 "task.num_demonstrations=8", f"model.cache_dir={tmp_path / 'cache'}", "model.tiny_init=random", "model.tiny_hidden_size=32",
                  "model.tiny_num_layers=1", "model.tiny_intermediate_size=64", "model.tiny_vocab_size=400", "model.tiny_copy_steps=1"])
     assert code == 0
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]

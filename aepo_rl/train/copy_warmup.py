@@ -9,11 +9,18 @@ carries over to copying entity names and values in the task. Measurements (steps
 transfer, settings that form it faster but transfer worse) are in docs/results.md.
 Part of the cached tiny-model build (§5's pipeline starts from a pretrained model; this stands
 in for pretraining).
+
+:func:`induction_circuit` writes that circuit into the freshly initialised weights instead (the
+default, ``model.tiny_init=induction``): the model copies from step 0, and the warm-up takes its
+``CIRCUIT_STEPS`` steps to calibrate the rest, where a random start waited 700–3500 steps for the
+phase change (docs/results.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +31,11 @@ COPY_BATCH = 32
 COPY_LR = 3e-3
 COPY_LENGTHS = (8, 24)
 COPY_TARGET = 0.9
-"""Sequences per step, AdamW learning rate, the range of the repeated half's length, and the
-copy accuracy at which the warm-up stops (the steps it takes vary with the initialisation)."""
+CIRCUIT_STEPS = 300
+"""Sequences per step, AdamW learning rate, the range of the repeated half's length, the copy
+accuracy at which the warm-up stops (the steps it takes vary with the initialisation), and the
+steps it takes at least from the induction circuit (which copies from the start but predicts the
+rest with uncalibrated confidence: the task's SFT then learns badly, docs/results.md)."""
 
 
 def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +50,12 @@ def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) 
     return ids, in_row.long()
 
 
-def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
+def copy_warmup(model, tokenizer, steps: int, seed: int = 0, min_steps: int = 0,
                 on_step: Callable[[float, float], None] | None = None) -> list[float]:
     """Train ``model`` in place on repeated random sequences for at most ``steps`` AdamW steps,
     stopping once it copies: argmax accuracy ≥ ``COPY_TARGET`` on the repeated half of a fresh
-    batch (measured before that batch's update). Returns the losses, one per step taken.
+    batch (measured before that batch's update), after at least ``min_steps`` steps. Returns the
+    losses, one per step taken.
     Batches are drawn on the CPU (the same on every device) and moved to the model's device.
 
     ``on_step(loss, accuracy)``, when given, is called after each step (progress display)."""
@@ -55,13 +66,13 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0,
     device = next(model.parameters()).device
     model.train()
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
         ids, mask = (t.to(device) for t in copy_batch(pool, COPY_BATCH, generator))
         # the rows packed (a third of the batch is padding) and only real targets through the LM head (train/forward.py)
         targets = mask[:, 1:].bool()
         logits = lm_head(model, packed_hidden(model, ids, mask.sum(1))[:, :-1][targets])
         accuracy = repeated_half_accuracy(logits, ids, mask)
-        if accuracy >= COPY_TARGET:
+        if accuracy >= COPY_TARGET and step >= min_steps:
             break
         loss = F.cross_entropy(logits, ids[:, 1:][targets])
         optimizer.zero_grad(set_to_none=True)
@@ -89,3 +100,91 @@ def repeated_half_accuracy(logits: torch.Tensor, ids: torch.Tensor, mask: torch.
     repeated = repeated_half(mask)[targets]
     hits = (logits.argmax(-1) == ids[:, 1:][targets]) & repeated
     return float(hits.sum() / repeated.sum())
+
+
+PREV_PAIRS = 3
+MATCH_PAIRS = 12
+CONSTANT = 2.5
+ATTENTION_GAIN = 2.0
+COPY_WRITE = 5.0
+LOGIT_SCALE = 0.2
+"""The induction circuit's sizes: RoPE frequency pairs of the previous-token head's position
+match (the fastest), pairs of the induction head's token match (the slowest, which barely turn
+over a few hundred positions), the constant embedding coordinate (token coordinates have unit
+scale) that gives the first head a content-free query and key, the factor on the two heads' q/k
+norm weights that sharpens their softmax, how strongly the induction head writes the copied token
+against the current token's embedding, and the final norm's weight (the logits' scale)."""
+
+
+@torch.no_grad()
+def induction_circuit(model, seed: int = 0) -> None:
+    """Set the weights of a freshly initialised Qwen3-style model (at least 2 layers, per-head q/k
+    RMSNorm, RoPE, tied embeddings) to a two-layer induction circuit, the circuit the copy
+    warm-up trains (Olsson et al. 2022, "In-context learning and induction heads"):
+
+    - the residual stream is split in halves: the token's embedding lives in the first half (its
+      last coordinate a constant), the second half starts empty;
+    - layer 0, head 0 attends to the previous position: its query and key read only the constant
+      coordinate, so their dot product depends on the relative position alone, a RoPE phase that
+      peaks at an offset of one; it writes the previous token's (normalised) embedding into the
+      second half;
+    - layer 1, head 0 attends to the positions whose previous token is the current token: query
+      (the first half) and key (the second half) pass through one random map into RoPE's slowest
+      pairs; it writes the attended token's embedding into the first half, so the tied LM head
+      predicts the token that followed the current one last time.
+
+    Every other head's and every MLP's output projection starts at zero (as nanochat initialises
+    them), so nothing else writes into the stream until training moves them; their other weights
+    keep their random initialisation. The embeddings have unit scale (as nanochat's), not the
+    initializer's 0.02: AdamW moves every weight by about its learning rate per step, which at 0.02
+    takes the circuit apart within a few steps (the copy accuracy 0.92 → 0.01 in 300 warm-up steps,
+    docs/results.md); at unit scale training sharpens it instead.
+    """
+    core, config = model.model, model.config
+    width, head_dim = config.hidden_size, config.head_dim
+    half, pairs = width // 2, head_dim // 2
+    if config.num_hidden_layers < 2 or half > head_dim or pairs < PREV_PAIRS + MATCH_PAIRS:
+        raise ValueError(f"the induction circuit needs at least 2 layers, head_dim ≥ hidden_size/2 and head_dim ≥ "
+                         f"{2 * (PREV_PAIRS + MATCH_PAIRS)} (got {config.num_hidden_layers} layers, head_dim {head_dim}, "
+                         f"hidden_size {width}): change the tiny_* sizes or set model.tiny_init=random")
+    embed = core.embed_tokens.weight
+    first, second = core.layers[0].self_attn, core.layers[1].self_attn
+    theta = config.rope_parameters["rope_theta"]
+    frequency = theta ** (-torch.arange(pairs, dtype=torch.float64) / pairs)
+    for layer in core.layers:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+
+    embed[:, half:] = 0
+    embed[:, :half - 1] *= math.sqrt(width / (half - 1)) / config.initializer_range  # unit scale in fewer coordinates
+    embed[:, half - 1] = CONSTANT
+    constant = torch.zeros(width)
+    constant[half - 1] = 1.0
+
+    # layer 0, head 0: the query is the key rotated back by one position: q·R(−Δ)k = Σ cos((Δ−1)ω)
+    key, query = torch.zeros(head_dim), torch.zeros(head_dim)
+    for i in range(PREV_PAIRS):
+        key[i] = 1.0
+        query[i], query[i + pairs] = math.cos(frequency[i]), -math.sin(frequency[i])
+    first.q_proj.weight[:head_dim] = torch.outer(query, constant)
+    first.k_proj.weight[:head_dim] = torch.outer(key, constant)
+    fast = [i for i in range(PREV_PAIRS)] + [i + pairs for i in range(PREV_PAIRS)]
+    first.q_norm.weight[fast] *= ATTENTION_GAIN
+    first.k_norm.weight[fast] *= ATTENTION_GAIN
+    token_half = torch.eye(head_dim, width) * (torch.arange(width) < half)  # the head's value: the token's half
+    first.v_proj.weight[:head_dim] = token_half
+    first.o_proj.weight[half:, :head_dim] = torch.eye(width - half, head_dim)
+
+    # layer 1, head 0: match the current token (first half) against the previous one (second half)
+    slow = [i for i in range(pairs - MATCH_PAIRS, pairs)] + [i + pairs for i in range(pairs - MATCH_PAIRS, pairs)]
+    generator = torch.Generator().manual_seed(seed)
+    match = torch.randn(len(slow), half - 1, generator=generator) / math.sqrt(half - 1)
+    second.q_proj.weight[:head_dim] = 0
+    second.k_proj.weight[:head_dim] = 0
+    second.q_proj.weight[slow, :half - 1] = match
+    second.k_proj.weight[slow, half:2 * half - 1] = match
+    second.q_norm.weight[slow] *= ATTENTION_GAIN
+    second.k_norm.weight[slow] *= ATTENTION_GAIN
+    second.v_proj.weight[:head_dim] = token_half
+    second.o_proj.weight[:half, :head_dim] = COPY_WRITE * torch.eye(half, head_dim)
+    core.norm.weight.fill_(LOGIT_SCALE)
