@@ -137,8 +137,7 @@ def induction_circuit(model, seed: int = 0) -> None:
     them), so nothing else writes into the stream until training moves them; their other weights
     keep their random initialisation. The embeddings have unit scale (as nanochat's), not the
     initializer's 0.02: AdamW moves every weight by about its learning rate per step, which at 0.02
-    takes the circuit apart within a few steps (the copy accuracy 0.92 → 0.01 in 300 warm-up steps,
-    docs/results.md); at unit scale training sharpens it instead.
+    takes the circuit apart (docs/results.md); at unit scale training sharpens it instead.
     """
     core, config = model.model, model.config
     width, head_dim = config.hidden_size, config.head_dim
@@ -168,7 +167,7 @@ def induction_circuit(model, seed: int = 0) -> None:
         query[i], query[i + pairs] = math.cos(frequency[i]), -math.sin(frequency[i])
     first.q_proj.weight[:head_dim] = torch.outer(query, constant)
     first.k_proj.weight[:head_dim] = torch.outer(key, constant)
-    fast = [i for i in range(PREV_PAIRS)] + [i + pairs for i in range(PREV_PAIRS)]
+    fast = [*range(PREV_PAIRS), *range(pairs, pairs + PREV_PAIRS)]
     first.q_norm.weight[fast] *= ATTENTION_GAIN
     first.k_norm.weight[fast] *= ATTENTION_GAIN
     token_half = torch.eye(head_dim, width) * (torch.arange(width) < half)  # the head's value: the token's half
@@ -176,7 +175,7 @@ def induction_circuit(model, seed: int = 0) -> None:
     first.o_proj.weight[half:, :head_dim] = torch.eye(width - half, head_dim)
 
     # layer 1, head 0: match the current token (first half) against the previous one (second half)
-    slow = [i for i in range(pairs - MATCH_PAIRS, pairs)] + [i + pairs for i in range(pairs - MATCH_PAIRS, pairs)]
+    slow = [*range(pairs - MATCH_PAIRS, pairs), *range(head_dim - MATCH_PAIRS, head_dim)]
     generator = torch.Generator().manual_seed(seed)
     match = torch.randn(len(slow), half - 1, generator=generator) / math.sqrt(half - 1)
     second.q_proj.weight[:head_dim] = 0
