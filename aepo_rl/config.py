@@ -71,9 +71,10 @@ class ModelConfig:
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
     tiny_init: str = knob("induction", "Tiny model: how its weights start. induction: random, with a two-layer induction "
-                                       "circuit (copying from the context) written into them, so the copy warm-up "
-                                       "starts at its target; random: random, and the copy warm-up trains the "
-                                       "circuit (docs/results.md).", choices=("induction", "random"))
+                                       "circuit (copying from the context) written into them; the copy warm-up then "
+                                       "runs a fixed 300 steps to calibrate the rest. random: random, and the copy "
+                                       "warm-up waits for the circuit to form (docs/models.md).",
+                          choices=("induction", "random"))
     tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random token sequences, which "
                                       "stops once the model copies 90% of the repeated tokens; part of the cached build "
                                       "(stands in for pretraining; 0 skips it; 4000 here, see docs/results.md).", ge=0)

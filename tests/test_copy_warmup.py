@@ -69,6 +69,7 @@ def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):
     before = [p.detach().clone() for p in model.parameters()]
     assert copy_warmup(model, tiny_tokenizer, steps=50, seed=5) == []
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(copy_warmup(model, tiny_tokenizer, steps=50, seed=5, min_steps=3)) == 3  # then stops at once
 
 
 def _copy_model(tokenizer, seed=0, head_dim=32):

@@ -18,9 +18,8 @@ phase change (docs/results.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
