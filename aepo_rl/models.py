@@ -224,16 +224,15 @@ def build_tiny_model(model_cfg: ModelConfig, texts: list[str], seed: int = 0) ->
         return folder
     tokenizer = train_tiny_tokenizer(texts, model_cfg.tiny_vocab_size)
     model = init_tiny_model(model_cfg, tokenizer, seed)
-    min_steps = 0
-    if model_cfg.tiny_init == "induction":
-        from aepo_rl.train.copy_warmup import CIRCUIT_STEPS, induction_circuit
+    from aepo_rl.train.copy_warmup import CIRCUIT_STEPS, COPY_TARGET, copy_warmup, induction_circuit
 
+    circuit = model_cfg.tiny_init == "induction"
+    if circuit:
         induction_circuit(model, seed)
-        min_steps = min(CIRCUIT_STEPS, model_cfg.tiny_copy_steps)
     if model_cfg.tiny_copy_steps:
         from aepo_rl.progress import PhaseProgress
-        from aepo_rl.train.copy_warmup import COPY_TARGET, copy_warmup
 
+        min_steps = CIRCUIT_STEPS if circuit else 0
         label = f"tiny model: copy warm-up to copy accuracy {COPY_TARGET} (cached after)"
         with PhaseProgress(label, model_cfg.tiny_copy_steps) as progress:
             steps = len(copy_warmup(model, tokenizer, model_cfg.tiny_copy_steps, seed, min_steps,

@@ -44,6 +44,25 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     assert not list((tmp_path / "a" / "tiny").glob(".*tmp*")), "the atomic write left a temp dir behind"
 
 
+def test_tiny_build_writes_the_induction_circuit_and_warms_up_from_it(tmp_path, monkeypatch):
+    from aepo_rl.train import copy_warmup
+
+    calls = []
+    original = copy_warmup.copy_warmup
+    monkeypatch.setattr(copy_warmup, "copy_warmup", lambda *a, **k: calls.append((a, k)) or original(*a, **k))
+    sizes = {"model.tiny_init": "induction", "model.tiny_hidden_size": 64, "model.tiny_head_dim": 32,
+             "model.tiny_num_kv_heads": 2, "model.tiny_copy_steps": 3}
+    model, _ = load_policy(tiny_cfg(tmp_path, **sizes), TextTask())
+    with torch.no_grad():  # the circuit's logit scale and copy write, moved by at most 3 AdamW steps
+        assert torch.allclose(model.model.norm.weight, torch.full((64,), copy_warmup.LOGIT_SCALE), atol=0.02)
+        write = model.model.layers[1].self_attn.o_proj.weight[:32, :32].diagonal()
+        assert torch.allclose(write, torch.full((32,), copy_warmup.COPY_WRITE), atol=0.02)
+    (args, kwargs), = calls
+    assert args[4] == copy_warmup.CIRCUIT_STEPS  # min_steps: the warm-up runs its calibration steps
+    with pytest.raises(ValueError, match="model.tiny_init=random"):  # the 2-layer, head_dim-16 TINY shape
+        load_policy(tiny_cfg(tmp_path / "small", **{"model.tiny_init": "induction"}), TextTask())
+
+
 def test_cache_key_changes_with_config_and_text(tmp_path):
     cfg = tiny_cfg(tmp_path)
     key = models.tiny_cache_key(cfg.model, TEXTS, seed=0)
