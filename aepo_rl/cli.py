@@ -263,7 +263,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sleeping_openmp_threads() -> None:
+    """Make torch's idle OpenMP threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``), unless the
+    environment already names a policy.
+
+    By default torch's CPU threads spin between parallel regions. On a machine that other jobs share,
+    the spinning threads take turns on the cores away from the threads with work, and a run slows far
+    more than its share of the machine would explain; sleeping threads cost a little on a quiet machine
+    (measured in docs/results.md, explained in docs/training.md#cpu-threads-on-a-shared-machine). Only
+    takes effect before torch is imported, which the command line defers until after this call. The
+    numbers a run computes do not change.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
+    sleeping_openmp_threads()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     unknown = [item for item in extra if "=" not in item or item.startswith("-")]

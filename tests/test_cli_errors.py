@@ -214,6 +214,25 @@ def test_config_show_does_not_import_torch():
     assert "algorithm.policy_loss='nope' is not allowed" in done.stderr
 
 
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_command_line_makes_openmp_threads_sleep_unless_told_otherwise(given, expected):
+    # In a fresh interpreter, as a user's `aepo`: the policy is in the environment before torch (and
+    # so its OpenMP runtime) is first imported, and a policy the user set is left alone.
+    script = ("import os, sys, contextlib, io\n"
+              "from aepo_rl.cli import main\n"
+              "assert 'torch' not in sys.modules\n"
+              "with contextlib.redirect_stdout(io.StringIO()):\n"
+              "    assert main(['config', 'show']) == 0\n"
+              "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+
+
 @pytest.mark.parametrize("name", ["POLICY_LOSSES", "ADVANTAGE_ESTIMATORS", "ARCHITECTURES"])
 def test_declared_builtin_names_are_what_the_module_registers(name):
     reg = getattr(registry, name)
