@@ -12,8 +12,8 @@ in for pretraining).
 
 :func:`induction_circuit` writes that circuit into the freshly initialised weights instead (the
 default, ``model.tiny_init=induction``): the model copies from step 0, and the warm-up takes its
-``CIRCUIT_STEPS`` steps to calibrate the rest, where a random start waited 700–3500 steps for the
-phase change (docs/results.md).
+``CIRCUIT_STEPS`` steps to calibrate the rest, where a random start waits, for a number of steps
+that varies with the seed, for the phase change (measured in docs/results.md).
 """
 
 from __future__ import annotations
