@@ -154,6 +154,11 @@ class RolloutConfig:
     tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
                                              "tool calls fail: server down or answering errors, sandbox failing or stopping "
                                              "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)
+    cpu_decode_threads: int | None = knob(None, "engine=hf on the CPU: torch threads while the engine generates (the "
+                                                "trainer's forward and backward passes keep torch's setting). None: one "
+                                                "thread for a policy under 50M parameters, whose small decoding kernels "
+                                                "run faster alone than with threads to wake (docs/training.md), torch's "
+                                                "setting otherwise.", ge=1)
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the [vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")

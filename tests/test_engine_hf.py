@@ -301,3 +301,33 @@ def test_bad_inputs_are_named(tiny_model, tiny_tokenizer):
     engine.release(seq)
     with pytest.raises(KeyError):
         engine.fork(seq)
+
+
+@pytest.mark.parametrize("cpu_threads", [1, None])
+def test_decoding_runs_with_the_engines_cpu_threads_and_gives_the_callers_setting_back(tiny_model, tiny_tokenizer,
+                                                                                      cpu_threads):
+    seen = []
+    hook = tiny_model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        engine = HFEngine(tiny_model, tiny_tokenizer, seed=0, cpu_threads=cpu_threads)
+        engine.generate([engine.add_sequence(encode(tiny_tokenizer, "hello world"))], SamplingParams(), [5])
+        after = torch.get_num_threads()
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {cpu_threads or 2}
+    assert after == 2
+
+
+def test_default_decode_threads_are_one_for_a_small_policy_and_torchs_for_a_large_one(tiny_model):
+    from aepo_rl.config import load_config
+    from aepo_rl.engines import SMALL_POLICY, cpu_decode_threads
+
+    cfg = load_config("aepo", None, [])
+    large = torch.nn.Linear(SMALL_POLICY // 1000, 1000, bias=False, device="meta")  # SMALL_POLICY parameters, no memory
+    assert cpu_decode_threads(cfg.rollout, tiny_model) == 1
+    assert cpu_decode_threads(cfg.rollout, large) is None
+    cfg = load_config("aepo", None, ["rollout.cpu_decode_threads=3"])
+    assert cpu_decode_threads(cfg.rollout, tiny_model) == 3 and cpu_decode_threads(cfg.rollout, large) == 3

@@ -61,7 +61,19 @@ def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
 
-    return HFEngine(model, tokenizer, seed=cfg.rollout.seed)
+    return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model))
+
+
+SMALL_POLICY = 50_000_000
+"""Parameters under which ``rollout.cpu_decode_threads=None`` decodes with one thread on the CPU."""
+
+
+def cpu_decode_threads(rollout_cfg, model) -> int | None:
+    """``rollout.cpu_decode_threads`` for ``model``, resolved: None (the default) is one thread for a
+    policy of fewer than :data:`SMALL_POLICY` parameters and torch's setting (None) for a larger one."""
+    if rollout_cfg.cpu_decode_threads is not None:
+        return rollout_cfg.cpu_decode_threads
+    return 1 if sum(p.numel() for p in model.parameters()) < SMALL_POLICY else None
 
 
 @register_engine("openai", entropies=("surprisal", "top10_proxy"), sampling=ALL_SAMPLING)

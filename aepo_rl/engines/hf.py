@@ -44,7 +44,9 @@ class _Row:
 class HFEngine:
     """A :class:`~aepo_rl.engines.base.GenerationEngine` over a transformers causal LM."""
 
-    def __init__(self, model, tokenizer, seed: int = 0):
+    def __init__(self, model, tokenizer, seed: int = 0, cpu_threads: int | None = None):
+        """``cpu_threads``: torch's thread count while ``generate`` runs on the CPU (restored after);
+        None leaves torch's setting. Ignored on other devices."""
         text_config = model.config.get_text_config()
         layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(text_config, "use_sliding_window", False):
@@ -55,6 +57,7 @@ class HFEngine:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.num_layers = text_config.num_hidden_layers
         self.device = next(model.parameters()).device
+        self.cpu_threads = cpu_threads if self.device.type == "cpu" else None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = eos_token_ids(tokenizer, model)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -115,7 +118,7 @@ class HFEngine:
         rows = [_Row(i, n) for i, n in enumerate(max_new_tokens) if n > 0]
         if not rows:
             return segments
-        with torch.inference_mode(), _eval_mode(self.model):
+        with torch.inference_mode(), _eval_mode(self.model), _torch_threads(self.cpu_threads):
             self._decode([sequences[r.slot] for r in rows], rows, params, segments)
         return segments
 
@@ -286,3 +289,16 @@ def _eval_mode(model):
         yield
     finally:
         model.train(was_training)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None):
+    """Run with ``count`` torch threads (None: as set), then give the caller its setting back."""
+    before = torch.get_num_threads()
+    if count is not None and count != before:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from aepo_rl.config import RolloutConfig
+from aepo_rl.engines import cpu_decode_threads
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tools.base import Tool
@@ -107,7 +108,7 @@ class TreeRolloutFunc:
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
-            engine = HFEngine(model, trainer._tokenizer, seed=cfg.seed)
+            engine = HFEngine(model, trainer._tokenizer, seed=cfg.seed, cpu_threads=cpu_decode_threads(cfg, model))
             result = run_rollout(engine, [(f"p{process}-{b}", prompt) for b, prompt in enumerate(ids)], self.tools,
                                  cfg, state=self.state)
         self.last_result = result
