@@ -94,7 +94,7 @@ class TaskConfig:
     num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
     max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see docs/results.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.4, "Synthetic: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.4 here, see docs/results.md).", ge=0, le=1)
+    teacher_error_rate: float = knob(0.5, "Synthetic: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see docs/results.md).", ge=0, le=1)
     num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
