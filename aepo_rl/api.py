@@ -30,6 +30,7 @@ from aepo_rl.config import Config, ConfigError, load_config, set_key, to_yaml, v
 from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
+from aepo_rl.train.sft_data import load_sft_data
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
                                     _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
                                     before_after_table, check_rl_engine, evaluate_model, new_run_dir, resume_config,
@@ -122,13 +123,17 @@ class AEPOTrainer:
     functions of one string; default ``search`` and ``python``, built from ``task.*``) and
     ``reward_funcs`` with ``reward_weights`` (default: the registered reward ``task.reward``). Without
     one it is the config's ``task.name``, and ``reward_funcs`` and ``tools`` must be left unset.
-    ``callbacks``: :class:`TrainerCallback` objects.
+    ``callbacks``: :class:`TrainerCallback` objects. ``sft_dataset``: your demonstrations for cold-start SFT
+    (rows or a file, :mod:`aepo_rl.train.sft_data`; docs/training.md) instead of the task's.
     """
 
     def __init__(self, config: Config | str | None = None, *, train_dataset=None, eval_dataset=None,
                  reward_funcs=None, reward_weights=None, tools=None, callbacks=None, model: str | None = None,
-                 output_dir: str | Path | None = None, overrides: dict[str, Any] | None = None):
+                 output_dir: str | Path | None = None, overrides: dict[str, Any] | None = None, sft_dataset=None):
         cfg = _build_config(config, overrides)
+        if isinstance(sft_dataset, (str, Path)):  # a file: sft.data, so config.yaml names it
+            set_key(cfg, "sft.data", [str(sft_dataset)])
+            sft_dataset = None
         if model is not None:
             set_key(cfg, "model.path", str(model))
         if output_dir is not None:
@@ -137,6 +142,7 @@ class AEPOTrainer:
             set_key(cfg, "trainer.run_name", output_dir.name)
         validate(cfg)
         self.cfg = cfg
+        self._sft_data = load_sft_data(cfg, sft_dataset)
         self.callbacks = _check_callbacks(callbacks)
         self._hooks = _Callbacks(self, self.callbacks)
         self._task = self._dataset_task(train_dataset, eval_dataset, reward_funcs, reward_weights, tools)
@@ -212,7 +218,7 @@ class AEPOTrainer:
         checkpoint (or its SFT model) for ``evaluate()`` / ``save_model()`` outside it."""
         if self._rl is None:
             run_dir = self._start_run()
-            init_model_dir = run_sft_stage(self.cfg, run_dir, task=self.task)
+            init_model_dir = run_sft_stage(self.cfg, run_dir, task=self.task, sft_data=self._sft_data)
             self._rl, _ = _rl_trainer(self.cfg, init_model_dir, run_dir / "checkpoints", self.task)
         return self._rl
 
@@ -236,7 +242,7 @@ class AEPOTrainer:
             with _sigterm_like_ctrl_c():
                 t0 = time.perf_counter()
                 task = self.task
-                init_model_dir = run_sft_stage(cfg, run_dir, task=task)
+                init_model_dir = run_sft_stage(cfg, run_dir, task=task, sft_data=self._sft_data)
                 seconds["task+model+SFT"] = time.perf_counter() - t0
                 results = _read_json(run_dir / "eval.json")
                 has_eval = bool(_eval_examples(cfg, task))

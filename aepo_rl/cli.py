@@ -17,6 +17,7 @@ environment variable ``AEPO_DEBUG=1``) shows.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -33,6 +34,9 @@ def _config_args(parser: argparse.ArgumentParser, default_preset: str = "aepo") 
 
 
 def _config(args: argparse.Namespace, extra: dict | None = None):
+    extra = dict(extra or {})
+    if getattr(args, "sft_data", None):  # --data of `aepo sft`, --sft-data of `aepo train`: sft.data
+        extra["sft.data"] = json.dumps(args.sft_data)
     overrides = list(args.overrides)
     return load_config(args.preset, args.config_file, [f"{k}={v}" for k, v in (extra or {}).items()] + overrides)
 
@@ -52,6 +56,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config_file or args.preset != "aepo":
             raise ConfigError("--resume continues a run with its own config.yaml and preset; drop --preset and "
                               "--config (overrides of steps, evaluation and logging settings are accepted)")
+        if args.sft_data:
+            raise ConfigError("--sft-data starts a run; --resume continues one with its own SFT model")
         check_writable(args.resume, "--resume")
         return train_main(None, resume=args.resume, overrides=parse_overrides(args.overrides))
     cfg = _config(args)
@@ -193,10 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in this folder from its last complete step; overrides may change "
                         "trainer.steps, eval.* and the checkpoint and logging settings, nothing else")
+    p.add_argument("--sft-data", dest="sft_data", action="append", default=[], metavar="FILE",
+                   help="cold-start SFT on your demonstrations in this JSONL / JSON / parquet file (chat messages, "
+                        "ShareGPT conversations or TRL prompt/completion rows) instead of the task's: sft.data; "
+                        "repeatable")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sft", parents=[plugin], help="cold-start SFT on the task's teacher demonstrations")
+    p = sub.add_parser("sft", parents=[plugin], help="cold-start SFT on the task's teacher demonstrations or yours")
     _config_args(p)
+    p.add_argument("--data", dest="sft_data", action="append", default=[], metavar="FILE",
+                   help="your demonstrations: a JSONL / JSON / parquet file of chat messages, ShareGPT conversations "
+                        "or TRL prompt/completion rows (docs/training.md), instead of the task's: sft.data; repeatable")
     p.add_argument("--out", default=None, help="output folder (default runs/sft-<timestamp>)")
     p.set_defaults(func=cmd_sft)
 

@@ -219,6 +219,9 @@ class SFTConfig:
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
     max_length: int = knob(512, "Demonstrations are truncated to this many tokens.", ge=8)
+    data: list[str] = knob(None, "Your own demonstrations instead of the task's: JSONL, JSON or parquet files of chat "
+                                 "messages, ShareGPT conversations or TRL prompt/completion rows (docs/training.md).",
+                           factory=list)
 
 
 @dataclass

@@ -190,6 +190,22 @@ def model_text(text: str) -> str:
     return _RESULT_BLOCK.sub("", text)
 
 
+_ENVIRONMENT_TEXT = re.compile(rf"\s*(?:<\|im_end\|>\s*<\|im_start\|>user\s*)?<({RESULT}|{HERMES_RESPONSE})>.*?</\1>"
+                               r"(?:\s*<\|im_end\|>\s*<\|im_start\|>assistant\n)?", re.S)
+
+
+def split_result_blocks(text: str) -> list[tuple[str, bool]]:
+    """``text`` cut in order into non-empty pieces, each with whether the environment wrote it: a
+    ``<result>…</result>`` or ``<tool_response>…</tool_response>`` block with the whitespace before it
+    and, around a Hermes result, the ChatML turn markers (:meth:`Protocol.result_wrapping`); else the model."""
+    pieces, pos = [], 0
+    for block in _ENVIRONMENT_TEXT.finditer(text):
+        pieces += [(text[pos:block.start()], False), (block.group(0), True)]
+        pos = block.end()
+    pieces.append((text[pos:], False))
+    return [(piece, is_result) for piece, is_result in pieces if piece]
+
+
 def answered_in_hermes(text: str) -> bool:
     """The environment answered a call with a ``<tool_response>`` block (``rollout.tool_format=hermes``);
     only then do Hermes tags count, elsewhere ``<tool_call>`` is plain text as in the release."""

@@ -54,6 +54,7 @@ from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.rl import RLTrainer
+from aepo_rl.train.sft_data import SFTData, load_sft_data
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,12 +170,15 @@ def _forget_stale_results(run_dir: Path, changed: list[str]) -> None:
 # Stages
 
 
-def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None) -> str:
+def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None,
+                  sft_data: SFTData | None = None) -> str:
     """Cold-start SFT (§5) into ``<run_dir>/checkpoints/sft``; reused when it already exists.
 
-    A real model (``model.path`` set, no ``model.init``) with ``sft.epochs == 0`` skips SFT: its own
-    path is returned. A ``model.init=random:<name>`` model is saved there like an SFT model, so
-    every later stage loads the same weights.
+    It trains on ``sft_data`` (the user's demonstrations), else on the files ``sft.data``, else on the
+    task's own demonstrations; which are checked before the model is built. A real model (``model.path``
+    set, no ``model.init``) with ``sft.epochs == 0`` skips SFT: its own path is returned. A
+    ``model.init=random:<name>`` model is saved there like an SFT model, so every later stage loads the
+    same weights.
     """
     if cfg.model.path is not None and cfg.model.init is None and cfg.sft.epochs == 0:
         return cfg.model.path
@@ -182,18 +186,20 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
     if (sft_dir / "config.json").is_file():
         get_console().print(f"SFT model found: {sft_dir}")
         return str(sft_dir)
-    from aepo_rl.train.sft import dev_demonstrations, run_sft
+    from aepo_rl.train.sft import check_demonstrations, run_sft, sft_demonstrations
 
     task = task or _get_task(cfg)
+    if cfg.sft.epochs > 0:
+        sft_data = sft_data or load_sft_data(cfg)
+        check_demonstrations(cfg, task, sft_data)
     model, tokenizer = load_policy(cfg, task)
     metrics: dict = {}
     if cfg.sft.epochs > 0:
-        demonstrations = task.demonstrations()
-        if not demonstrations:
-            raise ValueError(f"task {task.name!r} has no demonstrations for cold-start SFT; set sft.epochs=0 "
-                             "and model.path to a model that already follows the tool protocol")
-        get_console().print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations, {cfg.sft.epochs} epochs")
-        metrics = run_sft(cfg, model, tokenizer, demonstrations, dev_demonstrations(task))
+        demonstrations, dev = sft_demonstrations(cfg, task, sft_data, tokenizer)
+        source = f" from {sft_data.source}" if sft_data else ""
+        get_console().print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations{source}, "
+                            f"{cfg.sft.epochs} epochs")
+        metrics = run_sft(cfg, model, tokenizer, demonstrations, dev)
     ckpt.atomic_write_text(Path(run_dir) / "sft_metrics.json", json.dumps(metrics, indent=2, default=float))
     save_policy(model, tokenizer, sft_dir)
     return str(sft_dir)

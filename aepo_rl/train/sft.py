@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
 from aepo_rl.models import apply_lora, encode_prompt, model_device
-from aepo_rl.protocol import ANSWER, ANSWER_CLOSE
+from aepo_rl.protocol import ANSWER, ANSWER_CLOSE, Protocol
 from aepo_rl.train.forward import decoder_hidden, lm_head
+from aepo_rl.train.sft_data import SFTData, load_sft_data
 
 if TYPE_CHECKING:
     from aepo_rl.config import Config
@@ -206,8 +207,38 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     return metrics
 
 
+def check_demonstrations(cfg: Config, task, data: SFTData | None) -> None:
+    """Before any model is built: the user's demonstrations (``data``) call only the task's tools, or,
+    without them, the task has demonstrations of its own. Notes demonstrations without an answer block."""
+    from aepo_rl.config import ConfigError
+    from aepo_rl.progress import get_console
+
+    if data is None:
+        if not task.demonstrations():
+            raise ConfigError(f"task {task.name!r} has no demonstrations for cold-start SFT: give your own (sft.data="
+                              "[demos.jsonl], `aepo sft --data`, AEPOTrainer(sft_dataset=...); docs/training.md, "
+                              "\"SFT on your own demonstrations\"), or set sft.epochs=0 with model.path a model "
+                              "that already follows the tool protocol")
+        return
+    data.check_tools(Protocol(task.tools(), cfg.rollout.tool_format))
+    unanswered = data.unanswered()
+    if unanswered:
+        get_console().print(f"[yellow]note[/]: {len(unanswered)} of {len(data.demos)} demonstrations write no "
+                            f"<answer>…</answer> block ({', '.join(unanswered[:3])}{', …' if len(unanswered) > 3 else ''}): "
+                            "the built-in rewards (§3) read the final answer from <answer>\\boxed{…}</answer>")
+
+
+def sft_demonstrations(cfg: Config, task, data: SFTData | None, tokenizer) -> tuple[list[Demonstration],
+                                                                                   list[Demonstration]]:
+    """The demonstrations to train on and the held-out ones: the user's (``data``, in the task's protocol,
+    none held out), else the task's own and its dev split's."""
+    if data is None:
+        return task.demonstrations(), dev_demonstrations(task)
+    return data.demonstrations(Protocol(task.tools(), cfg.rollout.tool_format), tokenizer), []
+
+
 def sft_main(cfg: Config, out_dir: str | None = None) -> int:
-    """``aepo sft``: train on the task's demonstrations, save ``<out>/checkpoints/sft``, evaluate."""
+    """``aepo sft``: train on the task's demonstrations (or the files ``sft.data``), save ``<out>/checkpoints/sft``, evaluate."""
     from aepo_rl.config import to_yaml
     from aepo_rl.evaluate import print_results
     from aepo_rl.models import load_policy, save_policy
@@ -216,14 +247,18 @@ def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     from aepo_rl.train.checkpoint import atomic_write_text
 
     console = get_console()
+    data = load_sft_data(cfg)
+    task = get_task(cfg)
+    check_demonstrations(cfg, task, data)
     out = Path(out_dir or Path(cfg.trainer.run_dir) / f"sft-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
-    task = get_task(cfg)
     model, tokenizer = load_policy(cfg, task)
+    demonstrations, dev = sft_demonstrations(cfg, task, data, tokenizer)
     console.print(f"[bold]SFT[/] {task.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-                  f"{len(tokenizer)} tokens vocabulary")
-    metrics = run_sft(cfg, model, tokenizer, task.demonstrations(), dev_demonstrations(task))
+                  f"{len(tokenizer)} tokens vocabulary, {len(demonstrations)} demonstrations"
+                  + (f" from {data.source}" if data else ""))
+    metrics = run_sft(cfg, model, tokenizer, demonstrations, dev)
     checkpoint = save_policy(model, tokenizer, out / "checkpoints" / "sft")
     atomic_write_text(out / "sft_metrics.json", json.dumps(metrics, indent=1))
     console.print(f"final loss {metrics['final_loss']:.4f}, {metrics['tokens_per_s']:.0f} tok/s, "

@@ -1,0 +1,398 @@
+"""Your own demonstrations for cold-start SFT (docs/training.md, "SFT on your own demonstrations").
+
+The rows of JSONL, JSON-array or parquet files (``sft.data``) or of a dataset
+(``AEPOTrainer(sft_dataset=...)``) are demonstrations in one of three layouts, detected row by row:
+
+- ``messages``: chat messages, roles system / user / assistant / tool. An assistant calls a tool in the
+  protocol's own text (``<search>query</search>``; ``<tool_call>{…}</tool_call>`` with
+  ``rollout.tool_format=hermes``) or with OpenAI / Hermes ``tool_calls``
+  (``[{"function": {"name": …, "arguments": …}}]``); the next ``tool`` message is each call's result, in order.
+  Result blocks already in an assistant's text (``<result>…</result>``) are results too.
+- ``conversations``: ShareGPT / LLaMA-Factory turns ``{"from", "value"}``, ``from`` one of system, human,
+  gpt, function_call (its value a JSON ``{"name", "arguments"}`` or a list of them) and observation (the
+  result); a top-level ``system`` field is the system message.
+- ``prompt`` and ``completion`` (TRL): each a string or a list of messages.
+
+A demonstration becomes the protocol's turns (§1.1) as a rollout writes them. The prompt is every
+message up to the last user message (the messages of a TRL ``prompt``), given the protocol's system
+message for the task's tools when it has none; the response is one assistant turn in which the
+model's text and calls are trained, and every tool result, wrapped as the environment wraps it, is
+not (loss mask 0). Calls are written in ``rollout.tool_format``, so one file serves both formats. A
+call passes one argument (§1.1). Every mistake is a :class:`~aepo_rl.tasks.loaders.DatasetError`
+naming the file, the row and the message, raised when the data is read, before any model is built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aepo_rl.config import Config, ConfigError
+from aepo_rl.jsonl import JsonlError, read_jsonl
+from aepo_rl.protocol import ANSWER_CLOSE, HERMES_CALL, RESERVED_TAGS, Protocol, split_result_blocks
+from aepo_rl.tasks.base import Demonstration, Example
+from aepo_rl.tasks.loaders import DatasetError, read_rows
+
+LAYOUTS = ("'messages' (chat messages), 'conversations' (ShareGPT / LLaMA-Factory) or 'prompt' and "
+           "'completion' (TRL)")
+"""The accepted row layouts, as error messages name them."""
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "function_call": "assistant", "observation": "tool", "tool": "tool"}
+"""ShareGPT's ``from`` → the chat role (LLaMA-Factory's tags, and the chat names)."""
+_ENDS_WITH_TAG = re.compile(r"</([A-Za-z_][\w-]*)>\s*$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One piece of a response: ``text`` (the model's, trained), ``call`` (tool ``tool`` with argument
+    ``text``, written in the protocol's format, trained), ``result`` (a tool's output, wrapped as the
+    environment wraps it, not trained) or ``block`` (a result block already wrapped, not trained)."""
+
+    kind: str
+    text: str
+    tool: str = ""
+    origin: str = ""
+    """Where a call was written (``file:line: assistant message 3``), for errors."""
+
+
+@dataclass(frozen=True)
+class UserDemonstration:
+    """One demonstration as read: ``prompt`` messages ({role, content}) and the response's steps."""
+
+    where: str
+    prompt: list[dict[str, str]]
+    steps: list[Step]
+
+    def calls(self) -> list[Step]:
+        return [step for step in self.steps if step.kind == "call"]
+
+    def answered(self) -> bool:
+        """The response writes an ``<answer>`` block (the rewards of §3 read the answer from one)."""
+        return any(step.kind == "text" and ANSWER_CLOSE in step.text for step in self.steps)
+
+    def demonstration(self, protocol: Protocol, tokenizer, index: int) -> Demonstration:
+        """The demonstration in ``protocol``'s format, its Hermes results wrapped for ``tokenizer`` (a ChatML
+        user turn when it speaks ChatML, as the rollout writes them); a model piece after another piece starts
+        with a space unless one side has whitespace there, as the teacher's demonstrations do."""
+        prompt = self.prompt
+        if prompt[0]["role"] != "system":
+            prompt = [{"role": "system", "content": protocol.system_prompt()}, *prompt]
+        pieces: list[tuple[str, bool]] = []
+        for step in self.steps:
+            if step.kind == "call":
+                text = protocol.format_call(tool_key(protocol, step.tool), step.text)
+            elif step.kind == "result":
+                text = protocol.format_result(step.text, tokenizer)
+            else:
+                text = step.text
+            trained = step.kind in ("text", "call")
+            if trained and pieces and not text[:1].isspace() and not pieces[-1][0][-1:].isspace():
+                text = " " + text
+            pieces.append((text, trained))
+        question = next(m["content"] for m in reversed(prompt) if m["role"] == "user")
+        example = Example(id=f"sft-{index}", question=question, answers=[], data_source="sft", messages=prompt)
+        return Demonstration(example, pieces)
+
+
+def tool_key(protocol: Protocol, name: str) -> str | None:
+    """The tag of the tool called ``name`` (its name or its tag) in ``protocol``, or None."""
+    return next((key for key, tool in protocol.tools.items() if name in (tool.name, key)), None)
+
+
+@dataclass
+class SFTData:
+    """The demonstrations of files or a dataset, read and checked; ``source`` names them."""
+
+    demos: list[UserDemonstration]
+    source: str
+
+    @classmethod
+    def from_files(cls, paths: list[str], fmt: str = "xml") -> SFTData:
+        """Every row of ``paths``: ``.jsonl`` (one object per line), ``.json`` (an array of objects, or JSON
+        Lines) or ``.parquet``; ``fmt`` is ``rollout.tool_format``, which calls written as text must use."""
+        return cls([parse_row(row, where, fmt) for path in paths for where, row in read_file(path)], ", ".join(paths))
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[str, dict]], source: str, fmt: str = "xml") -> SFTData:
+        """``(where, row)`` pairs, e.g. :func:`aepo_rl.tasks.dataset.dataset_rows` of a ``datasets.Dataset``."""
+        return cls([parse_row(row, where, fmt) for where, row in rows], source)
+
+    def check_tools(self, protocol: Protocol) -> None:
+        """Every ``tool_calls`` / ``function_call`` call names one of ``protocol``'s tools (the task's, which its
+        rollouts can run); raises DatasetError naming the first that does not."""
+        for demo in self.demos:
+            for call in demo.calls():
+                if tool_key(protocol, call.tool) is None:
+                    names = ", ".join(tool.name for tool in protocol.tools.values())
+                    raise DatasetError(f"{call.origin} calls the tool {call.tool!r}, which the task does not have "
+                                       f"(its tools: {names}): rename the call to one of them, or give the task "
+                                       "that tool (AEPOTrainer(tools=[...]), docs/python-api.md)")
+
+    def unanswered(self) -> list[str]:
+        """Where the demonstrations without an ``<answer>`` block are."""
+        return [demo.where for demo in self.demos if not demo.answered()]
+
+    def demonstrations(self, protocol: Protocol, tokenizer) -> list[Demonstration]:
+        return [demo.demonstration(protocol, tokenizer, i) for i, demo in enumerate(self.demos)]
+
+
+def load_sft_data(cfg: Config, dataset: Any = None) -> SFTData | None:
+    """The user's demonstrations: the rows of ``dataset`` (``AEPOTrainer(sft_dataset=...)``, a
+    ``datasets.Dataset`` or a list of dicts) or of the files ``sft.data``, read and checked now, before
+    any model is built; None when neither is given (SFT trains on the task's own demonstrations)."""
+    if dataset is not None and cfg.sft.data:
+        raise ConfigError(f"sft_dataset and sft.data={cfg.sft.data} both give demonstrations: keep one")
+    if dataset is None and not cfg.sft.data:
+        return None
+    if cfg.sft.epochs == 0:
+        raise ConfigError("demonstrations are given (sft.data or sft_dataset) but sft.epochs=0 skips SFT: set "
+                          "sft.epochs >= 1, or leave the demonstrations out")
+    fmt = cfg.rollout.tool_format
+    if dataset is None:
+        return SFTData.from_files(cfg.sft.data, fmt)
+    from aepo_rl.tasks.dataset import dataset_rows
+
+    return SFTData.from_rows(dataset_rows(dataset, "sft_dataset"), "sft_dataset", fmt)
+
+
+# ---------------------------------------------------------------- reading files
+
+def read_file(path: str | Path) -> list[tuple[str, dict]]:
+    """``(where, row)`` of each row of a demonstrations file; ``where`` is ``file:line`` (JSONL) or
+    ``file row i`` (a JSON array, parquet), counted from 1."""
+    path = Path(path)
+    if path.suffix != ".json" or not path.is_file():
+        return _named_rows(read_rows(path), path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg != "Extra data":  # more than one value: JSON Lines in a .json file
+            raise DatasetError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+        try:
+            return _named_rows([(f"{path}:{line}", row) for line, row in read_jsonl(path)], path)
+        except JsonlError as jsonl_err:
+            raise DatasetError(str(jsonl_err)) from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: expected a JSON array of demonstrations (objects), got {type(data).__name__}")
+    rows = []
+    for i, row in enumerate(data, start=1):
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path} row {i}: expected a JSON object, got {type(row).__name__}")
+        rows.append((f"{path} row {i}", row))
+    return _named_rows(rows, path)
+
+
+def _named_rows(rows: list[tuple[str, dict]], path: Path) -> list[tuple[str, dict]]:
+    if not rows:
+        raise DatasetError(f"{path} has no demonstrations: give one per line (JSONL) or a JSON array of them")
+    return rows
+
+
+# ---------------------------------------------------------------- one row
+
+@dataclass(frozen=True)
+class _Message:
+    role: str
+    content: str
+    calls: list[tuple[str, str]]
+    """(tool name, its one argument) of each structured call."""
+    label: str
+    """How errors name it: ``assistant message 3``, ``observation turn 4``, ``completion message 1``."""
+
+
+def parse_row(row: Mapping, where: str, fmt: str = "xml") -> UserDemonstration:
+    """One row in any of the three layouts (:data:`LAYOUTS`); ``where`` names the file and row."""
+    if "messages" in row:
+        messages = _chat(row["messages"], where, "messages", "message")
+        return _split_at_last_user(messages, where, fmt)
+    if "conversations" in row:
+        return _split_at_last_user(_sharegpt(row, where), where, fmt)
+    if "prompt" in row and "completion" in row:
+        if isinstance(row["prompt"], str):
+            prompt = [_Message("user", row["prompt"], [], "prompt")]
+        else:
+            prompt = _chat(row["prompt"], where, "prompt", "prompt message")
+        if isinstance(row["completion"], str):
+            completion = [_Message("assistant", row["completion"], [], "completion")]
+        else:
+            completion = _chat(row["completion"], where, "completion", "completion message")
+        return _demonstration(prompt, completion, where, fmt)
+    hint = ""
+    if "prompt" in row:
+        hint = ("; a row with a 'prompt' and no 'completion' is a question for RL: give it as RL data "
+                "(task.train_files, or AEPOTrainer(train_dataset=...))")
+    elif "question" in row:
+        hint = "; a 'question' row is RL data: give it as task.train_files or AEPOTrainer(train_dataset=...)"
+    keys = ", ".join(map(repr, row)) or "none"
+    raise DatasetError(f"{where}: unknown demonstration format (the row's fields: {keys}); accepted: {LAYOUTS}{hint}")
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's text: a string, null (an assistant that only calls tools) or a list of text parts."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, Mapping) and isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)
+    raise DatasetError(f"{where}: the content must be a string or a list of {{\"type\": \"text\", \"text\": ...}} "
+                       f"parts, got {type(value).__name__}")
+
+
+def _argument(arguments: Any, where: str) -> str:
+    """The one argument of a call: an object with one key (or its JSON text), or plain text."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        if not isinstance(parsed, dict):
+            return arguments
+        arguments = parsed
+    if not isinstance(arguments, Mapping) or len(arguments) != 1:
+        count = f"{len(arguments)} arguments" if isinstance(arguments, Mapping) else type(arguments).__name__
+        raise DatasetError(f"{where}: 'arguments' has {count}; a protocol call passes exactly one (§1.1), "
+                           'e.g. {"query": "…"}')
+    value = next(iter(arguments.values()))
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _calls(value: Any, where: str) -> list[tuple[str, str]]:
+    """(name, argument) of each OpenAI / Hermes call: ``{"function": {"name", "arguments"}}`` or ``{"name", "arguments"}``."""
+    if not isinstance(value, list):
+        value = [value]
+    calls = []
+    for j, call in enumerate(value):
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise DatasetError(f"{where}: tool call {j + 1} must be {{\"function\": {{\"name\": ..., \"arguments\": "
+                               "...}} (or {\"name\": ..., \"arguments\": ...})")
+        calls.append((function["name"], _argument(function.get("arguments", {}), f"{where}: tool call {j + 1}")))
+    return calls
+
+
+def _chat(messages: Any, where: str, field: str, noun: str) -> list[_Message]:
+    """Chat messages ``{role, content, tool_calls?}``; ``noun`` names one in errors (``message``)."""
+    if not isinstance(messages, list) or not messages:
+        raise DatasetError(f"{where}: '{field}' must be a non-empty list of {{\"role\", \"content\"}} messages")
+    out = []
+    for i, m in enumerate(messages, start=1):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise DatasetError(f"{where}: {noun} {i} must be an object with a 'role' and a 'content'")
+        role = m["role"]
+        label = f"{role} {noun} {i}"
+        if role not in ROLES:
+            raise DatasetError(f"{where}: {noun} {i} has the role {role!r}; roles: {', '.join(ROLES)}")
+        calls = _calls(m["tool_calls"], f"{where}: {label}") if m.get("tool_calls") else []
+        if calls and role != "assistant":
+            raise DatasetError(f"{where}: {label} has tool_calls; only an assistant message calls tools")
+        out.append(_Message(role, _content(m.get("content"), f"{where}: {label}"), calls, label))
+    return out
+
+
+def _sharegpt(row: Mapping, where: str) -> list[_Message]:
+    """ShareGPT / LLaMA-Factory turns (or chat messages under ``conversations``) as messages."""
+    turns = row["conversations"]
+    if isinstance(turns, list) and turns and all(isinstance(t, Mapping) and "role" in t for t in turns):
+        return _chat(turns, where, "conversations", "message")
+    if not isinstance(turns, list) or not turns:
+        raise DatasetError(f"{where}: 'conversations' must be a non-empty list of {{\"from\", \"value\"}} turns")
+    out = [_Message("system", _content(row["system"], f"{where}: 'system'"), [], "'system'")] if row.get("system") else []
+    for i, turn in enumerate(turns, start=1):
+        if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
+            raise DatasetError(f"{where}: conversations turn {i} must be an object with 'from' and 'value'")
+        source = turn["from"]
+        if source not in SHAREGPT_ROLES:
+            raise DatasetError(f"{where}: conversations turn {i} is from {source!r}; accepted: "
+                               f"{', '.join(SHAREGPT_ROLES)}")
+        label = f"{source} turn {i}"
+        value = _content(turn["value"], f"{where}: {label}")
+        if source != "function_call":
+            out.append(_Message(SHAREGPT_ROLES[source], value, [], label))
+            continue
+        try:
+            call = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{where}: {label}: the value is not JSON ({err.msg}); it is "
+                               '{"name": ..., "arguments": {...}} or a list of them') from None
+        out.append(_Message("assistant", "", _calls(call, f"{where}: {label}"), label))
+    return out
+
+
+def _split_at_last_user(messages: list[_Message], where: str, fmt: str) -> UserDemonstration:
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last_user is None:
+        raise DatasetError(f"{where}: no user message; a demonstration answers a user's question")
+    return _demonstration(messages[:last_user + 1], messages[last_user + 1:], where, fmt)
+
+
+def _text_call(message: _Message, where: str, fmt: str) -> bool:
+    """Whether ``message``'s text ends with a call written in the protocol (``…</search>``); a call in the
+    other format than ``fmt`` is an error, as the rollout would not run it."""
+    end = _ENDS_WITH_TAG.search(message.content)
+    if end is None or (end.group(1) in RESERVED_TAGS and end.group(1) != HERMES_CALL):
+        return False
+    hermes = end.group(1) == HERMES_CALL
+    if hermes != (fmt == "hermes"):
+        written = "a Hermes <tool_call>" if hermes else f"an XML call <{end.group(1)}>…</{end.group(1)}>"
+        other = "hermes" if hermes else "xml"
+        raise DatasetError(f"{where}: {message.label} writes {written} but rollout.tool_format={fmt}: set "
+                           f"rollout.tool_format={other}, or give the call as tool_calls (written in either format)")
+    return True
+
+
+def _demonstration(prompt: list[_Message], response: list[_Message], where: str, fmt: str) -> UserDemonstration:
+    """The prompt's messages and the response's steps; each call is answered by the next tool message."""
+    for m in prompt:
+        if m.role == "tool" or m.calls:
+            raise DatasetError(f"{where}: {m.label} is a tool call or result before the last user message; only the "
+                               "reply to the last user message calls tools (one question per row: split a chat of "
+                               "several questions into rows)")
+    if not any(m.role == "user" for m in prompt):
+        raise DatasetError(f"{where}: the prompt has no user message; a demonstration answers a user's question")
+    if not response:
+        raise DatasetError(f"{where}: no assistant message after the last user message; the reply is what SFT trains")
+    if response[0].role != "assistant":
+        raise DatasetError(f"{where}: {response[0].label} follows the last user message; the reply starts with "
+                           "an assistant message")
+    steps: list[Step] = []
+    caller: _Message = response[0]
+    pending: list[Step | None] = []  # the caller's calls awaiting their result, in order; None: a call in its text
+    answered = 0
+    for m in response:
+        if m.role == "assistant":
+            if pending:
+                break
+            steps += [Step("block" if block else "text", piece) for piece, block in split_result_blocks(m.content)]
+            pending = [Step("call", arg, name, f"{where}: {m.label}") for name, arg in m.calls]
+            if not pending and _text_call(m, where, fmt):
+                pending = [None]
+            caller, answered = m, 0
+        elif m.role == "tool":
+            if not pending:
+                raise DatasetError(f"{where}: {m.label} answers no call: {caller.label} before it has no tool_calls "
+                                   "and its text does not end with a call such as <search>…</search>")
+            call = pending.pop(0)
+            steps += [call] if call else []
+            steps.append(Step("result", m.content))
+            answered += 1
+        else:
+            raise DatasetError(f"{where}: {m.label} comes after the reply started; only assistant and tool "
+                               "messages follow the last user message")
+    if pending:
+        calls = "a call" if not caller.calls else "tool_calls" if len(caller.calls) == 1 else f"{len(caller.calls)} tool_calls"
+        found = f"only {answered} following tool messages" if answered else "no following tool message"
+        raise DatasetError(f"{where}: {caller.label} has {calls} but {found} (each call is answered by the next "
+                           "tool message, in order)")
+    if response[-1].role != "assistant":
+        raise DatasetError(f"{where}: the reply ends with {response[-1].label}, a tool result; end it with the "
+                           "assistant's answer")
+    return UserDemonstration(where, [{"role": m.role, "content": m.content} for m in prompt], steps)
