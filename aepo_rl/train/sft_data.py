@@ -169,6 +169,8 @@ def read_file(path: str | Path) -> list[tuple[str, dict]]:
     if path.suffix != ".json" or not path.is_file():
         return _named_rows(read_rows(path), path)
     text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        return _named_rows([], path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
