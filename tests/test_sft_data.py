@@ -190,6 +190,9 @@ MISTAKES = {
     "assistant message 2 writes a Hermes <tool_call> but rollout.tool_format=xml: set rollout.tool_format=hermes":
         {"messages": [user(), assistant('<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>'),
                       tool(), assistant(ANSWER)]},
+    "assistant message 2 has tool_calls and its text ends with a call too":
+        {"messages": [user(), assistant("<search>Velmora founder</search>", tool_calls=[openai_call()]), tool(),
+                      assistant(ANSWER)]},
     "function_call turn 2: the value is not JSON": {"conversations": [
         {"from": "human", "value": "q"}, {"from": "function_call", "value": "search(q)"},
         {"from": "observation", "value": "r"}, {"from": "gpt", "value": ANSWER}]},
@@ -253,6 +256,13 @@ def test_a_task_without_demonstrations_is_a_user_error_before_any_model(tmp_path
                        f"task.corpus={EXAMPLES / 'corpus.jsonl'}", f"model.cache_dir={tmp_path}"])
     err = capsys.readouterr().err
     assert status == 2 and "task 'file' has no demonstrations for cold-start SFT: give your own (sft.data=" in err
+
+
+def test_a_file_task_without_a_search_corpus_is_a_user_error_before_any_model(tmp_path, capsys, no_model):
+    status = cli.main(["sft", "--data", str(EXAMPLES / "demos.jsonl"), "--out", str(tmp_path / "out"), "task.name=file",
+                       f"task.train_files=[{EXAMPLES / 'questions.jsonl'}]"])
+    err = capsys.readouterr().err
+    assert status == 2 and "task 'file' uses the search tool but has no corpus: set task.corpus=" in err
 
 
 def test_the_api_reads_and_checks_sft_dataset_at_construction(no_model):

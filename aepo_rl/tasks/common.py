@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aepo_rl.config import Config, TaskConfig
+from aepo_rl.config import Config, ConfigError, TaskConfig
 from aepo_rl.protocol import Protocol
 from aepo_rl.tasks.base import Example
 from aepo_rl.tools.base import Tool, get_tool, tool_factory
@@ -74,7 +74,7 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
         else:
             source = task_cfg.corpus or corpus
             if source is None:
-                raise ValueError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
+                raise ConfigError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
                                  "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
             tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir)
     if "python" in allowed:

@@ -375,7 +375,10 @@ def _demonstration(prompt: list[_Message], response: list[_Message], where: str,
                 break
             steps += [Step("block" if block else "text", piece) for piece, block in split_result_blocks(m.content)]
             pending = [Step("call", arg, name, f"{where}: {m.label}") for name, arg in m.calls]
-            if not pending and _text_call(m, where, fmt):
+            if _text_call(m, where, fmt):
+                if pending:
+                    raise DatasetError(f"{where}: {m.label} has tool_calls and its text ends with a call too: give "
+                                       "each call one way")
                 pending = [None]
             caller, answered = m, 0
         elif m.role == "tool":
