@@ -275,6 +275,16 @@ def test_the_api_reads_and_checks_sft_dataset_at_construction(no_model):
     assert trainer.cfg.sft.data == [str(EXAMPLES / "demos.jsonl")]  # a file is sft.data: config.yaml names it
 
 
+def test_the_tiny_tokenizer_learns_the_demonstrations_text_too():
+    class Task:
+        def texts(self):
+            return ["a question"]
+
+    data = SFTData.from_rows([("x", SAME_TRAJECTORY["messages with OpenAI tool_calls"])], "x")
+    texts = data.with_texts(Task()).texts()
+    assert texts[0] == "a question" and "Who founded Velmora?" in texts and RESULT in texts and ANSWER in texts
+
+
 TINY = ["model.tiny_init=random", "model.tiny_hidden_size=32", "model.tiny_num_layers=1",
         "model.tiny_intermediate_size=64", "model.tiny_num_heads=2", "model.tiny_num_kv_heads=1",
         "model.tiny_head_dim=16", "model.tiny_vocab_size=400", "model.tiny_copy_steps=2", "eval.samples=1",

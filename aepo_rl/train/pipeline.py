@@ -175,7 +175,8 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None,
     """Cold-start SFT (§5) into ``<run_dir>/checkpoints/sft``; reused when it already exists.
 
     It trains on ``sft_data`` (the user's demonstrations), else on the files ``sft.data``, else on the
-    task's own demonstrations; which are checked before the model is built. A real model (``model.path``
+    task's own demonstrations, checked before the model is built; the tiny model's tokenizer learns the
+    user's demonstrations' text with the task's. A real model (``model.path``
     set, no ``model.init``) with ``sft.epochs == 0`` skips SFT: its own path is returned. A
     ``model.init=random:<name>`` model is saved there like an SFT model, so every later stage loads the
     same weights.
@@ -192,7 +193,7 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None,
     if cfg.sft.epochs > 0:
         sft_data = sft_data or load_sft_data(cfg)
         check_demonstrations(cfg, task, sft_data)
-    model, tokenizer = load_policy(cfg, task)
+    model, tokenizer = load_policy(cfg, sft_data.with_texts(task) if sft_data else task)
     metrics: dict = {}
     if cfg.sft.epochs > 0:
         demonstrations, dev = sft_demonstrations(cfg, task, sft_data, tokenizer)

@@ -253,7 +253,7 @@ def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     out = Path(out_dir or Path(cfg.trainer.run_dir) / f"sft-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
-    model, tokenizer = load_policy(cfg, task)
+    model, tokenizer = load_policy(cfg, data.with_texts(task) if data else task)
     demonstrations, dev = sft_demonstrations(cfg, task, data, tokenizer)
     console.print(f"[bold]SFT[/] {task.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
                   f"{len(tokenizer)} tokens vocabulary, {len(demonstrations)} demonstrations"

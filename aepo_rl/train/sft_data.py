@@ -140,6 +140,27 @@ class SFTData:
     def demonstrations(self, protocol: Protocol, tokenizer) -> list[Demonstration]:
         return [demo.demonstration(protocol, tokenizer, i) for i, demo in enumerate(self.demos)]
 
+    def texts(self) -> list[str]:
+        """Every prompt message and response piece, as written in the rows."""
+        return [m["content"] for demo in self.demos for m in demo.prompt] + \
+               [step.text for demo in self.demos for step in demo.steps]
+
+    def with_texts(self, task) -> TextsOf:
+        """``task`` as ``load_policy`` reads it, its ``texts()`` with these demonstrations' added: the tiny
+        model's tokenizer learns their words too."""
+        return TextsOf(task, self.texts())
+
+
+@dataclass(frozen=True)
+class TextsOf:
+    """A task's text and more: what the tiny model's tokenizer trains on (``load_policy`` reads only ``texts()``)."""
+
+    task: Any
+    extra: list[str]
+
+    def texts(self) -> list[str]:
+        return [*self.task.texts(), *self.extra]
+
 
 def load_sft_data(cfg: Config, dataset: Any = None) -> SFTData | None:
     """The user's demonstrations: the rows of ``dataset`` (``AEPOTrainer(sft_dataset=...)``, a
