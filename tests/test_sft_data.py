@@ -265,6 +265,14 @@ def test_a_file_task_without_a_search_corpus_is_a_user_error_before_any_model(tm
     assert status == 2 and "task 'file' uses the search tool but has no corpus: set task.corpus=" in err
 
 
+def test_demonstrations_given_as_rl_data_point_to_the_sft_options(capsys):
+    from aepo_rl.tasks.loaders import row_to_example
+
+    with pytest.raises(DatasetError, match="demos.jsonl:1: missing field 'question' .*; a row with 'messages' is a "
+                                           "demonstration for SFT: give its file with `aepo sft --data`"):
+        row_to_example(SAME_TRAJECTORY["messages with XML calls"], "demos.jsonl:1", "d-0", "d")
+
+
 def test_the_api_reads_and_checks_sft_dataset_at_construction(no_model):
     from aepo_rl import AEPOTrainer
 

@@ -94,12 +94,19 @@ def read_rows(path: str | Path) -> list[tuple[str, dict]]:
     return rows
 
 
+SFT_FIELDS = ("messages", "conversations", "completion")
+"""Fields of a demonstration (aepo_rl/train/sft_data.py), named when such a row is given as RL data."""
+
+
 def _field(row: dict, dotted: str, where: str):
     value: object = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value or value[part] is None:
+            demo = next((field for field in SFT_FIELDS if field in row), None)
+            hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give its file with "
+                                            "`aepo sft --data` / `aepo train --sft-data`, or AEPOTrainer(sft_dataset=...)")
             raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
-                               "'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth')")
+                               f"'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth'){hint}")
         value = value[part]
     return value
 
