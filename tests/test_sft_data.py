@@ -139,6 +139,18 @@ def test_example_files_of_every_layout_read(tmp_path):
     assert [where for where, _ in read_file(lines)] == [f"{lines}:{i}" for i in range(1, 8)]
 
 
+def test_parquet_rows_with_the_columns_pyarrow_fills_in(tmp_path):
+    """A parquet file of chat messages: pyarrow gives every message every key (None where a row had none)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [SAME_TRAJECTORY["messages with OpenAI tool_calls"], SAME_TRAJECTORY["messages with XML calls"]]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "demos.parquet")
+    data = SFTData.from_files([str(tmp_path / "demos.parquet")])
+    assert [d.where for d in data.demos] == [f"{tmp_path / 'demos.parquet'} row {i}" for i in (1, 2)]
+    assert [d.demonstration(Protocol(TOOLS, "xml"), None, 0).pieces for d in data.demos] == [XML_PIECES] * 2
+
+
 @pytest.mark.parametrize("content, problem", [
     ("", "has no demonstrations: give one per line (JSONL) or a JSON array of them"),
     ("[]", "has no demonstrations"),
