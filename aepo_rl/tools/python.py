@@ -90,7 +90,7 @@ import ast, ctypes, os, sys
 layout, root, user = ast.literal_eval(sys.argv[1]), sys.argv[2], sys.argv[3]
 del sys.argv[1:4]
 libc = ctypes.CDLL(None, use_errno=True)
-RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, MOVE = 1, 2, 4, 8, 32, 4096, 8192
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, MOVE, REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
 KEPT = {os.ST_NOSUID: NOSUID, os.ST_NODEV: NODEV, os.ST_NOEXEC: NOEXEC, os.ST_NOATIME: 1024,
         os.ST_NODIRATIME: 2048, os.ST_RELATIME: 1 << 21}  # a bind mount's flags a user namespace must keep
 def mount(source, target, kind, flags, data=None):
@@ -103,9 +103,15 @@ def bind(source, target, flags):
     else:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "w").close()
-    mount(source, target, None, BIND)
-    kept = os.statvfs(source).f_flag
-    mount(None, target, None, REMOUNT | BIND | flags | sum(v for k, v in KEPT.items() if kept & k))
+    mount(source, target, None, BIND | REC)  # with the mounts below it, which a user namespace may not split off
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    for point in points:  # the bind and each mount below it, read-only: mountinfo escapes space, tab, newline, \\
+        for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+            point = point.replace(code, char)
+        if point == target or point.startswith(target + "/"):
+            kept = os.statvfs(point).f_flag
+            mount(None, point, None, REMOUNT | BIND | flags | sum(v for k, v in KEPT.items() if kept & k))
 os.umask(0o022)
 mount("aepo-sandbox", root, "tmpfs", NOSUID | NODEV, "mode=0755,size=1m")
 for kind, path, *extra in layout:
@@ -408,7 +414,7 @@ def _root_layout(python: str, write_bytes: int) -> list[tuple]:
     bare traversable folders — so nothing else of e.g. ``/root``), a fresh ``/proc``, the basic
     devices, and one tmpfs of ``write_bytes`` at ``/tmp`` that ``/var/tmp`` and ``/dev/shm``
     link to."""
-    layout = []
+    layout = [("dir", "/etc")]  # traversable (bwrap would make the parent of its files 0700)
     for path in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", *(f"/etc/{n}" for n in _ETC)]:
         if os.path.islink(path):  # merged-/usr links; /etc/localtime
             layout.append(("symlink", path, os.readlink(path)))
