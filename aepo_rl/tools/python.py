@@ -97,6 +97,7 @@ def mount(source, target, kind, flags, data=None):
     if libc.mount(source and source.encode(), target.encode(), kind and kind.encode(), flags, data and data.encode()):
         number = ctypes.get_errno()
         raise OSError(number, f"sandbox: mount {source} on {target}: {os.strerror(number)}")
+binds = []  # (target, flags): made read-only (or nosuid for devices) once all are mounted
 def bind(source, target, flags):
     if os.path.isdir(source):
         os.makedirs(target, exist_ok=True)
@@ -104,14 +105,7 @@ def bind(source, target, flags):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target, "w").close()
     mount(source, target, None, BIND | REC)  # with the mounts below it, which a user namespace may not split off
-    with open("/proc/self/mountinfo") as info:
-        points = [line.split()[4] for line in info]
-    for point in points:  # the bind and each mount below it, read-only: mountinfo escapes space, tab, newline, \\
-        for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-            point = point.replace(code, char)
-        if point == target or point.startswith(target + "/"):
-            kept = os.statvfs(point).f_flag
-            mount(None, point, None, REMOUNT | BIND | flags | sum(v for k, v in KEPT.items() if kept & k))
+    binds.append((target, flags))
 os.umask(0o022)
 mount("aepo-sandbox", root, "tmpfs", NOSUID | NODEV, "mode=0755,size=1m")
 for kind, path, *extra in layout:
@@ -131,6 +125,15 @@ for kind, path, *extra in layout:
     elif kind == "tmpfs":
         os.makedirs(target, exist_ok=True)
         mount("aepo-sandbox", target, "tmpfs", NOSUID | NODEV, f"mode=1777,size={extra[0]}")
+with open("/proc/self/mountinfo") as info:
+    points = [line.split()[4] for line in info]
+for point in points:  # each bind and each mount below it: mountinfo escapes space, tab, newline, backslash
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        point = point.replace(code, char)
+    for target, flags in binds:
+        if point == target or point.startswith(target + "/"):
+            kept = os.statvfs(point).f_flag
+            mount(None, point, None, REMOUNT | BIND | flags | sum(v for k, v in KEPT.items() if kept & k))
 mount(None, root, None, REMOUNT | RDONLY | NOSUID | NODEV)
 os.chdir(root)
 mount(root, "/", None, MOVE)
