@@ -286,6 +286,21 @@ def test_a_mode_without_private_root_says_so_at_start(mode, caplog, monkeypatch)
     assert "host unix sockets" in warning and "apt-get install bubblewrap" in warning
 
 
+def test_auto_without_a_private_root_says_why(caplog, monkeypatch):
+    """Where bwrap is missing and namespaces are not allowed, 'auto' falls back and says so."""
+    monkeypatch.setattr(python_module, "_PROBED", {})
+    monkeypatch.setattr(python_module, "_which_or_none", lambda tool: None if tool == "bwrap" else shutil.which(tool))
+    monkeypatch.setattr(python_module, "_candidate_modes", lambda: ["namespaces", "none"])
+    monkeypatch.setattr(python_module, "JAIL", "raise PermissionError('mount: Operation not permitted')\n")
+    with caplog.at_level("WARNING", logger="aepo_rl.tools.python"):
+        tool = sandbox()
+    assert tool.isolation == "none"
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "isolation 'none' lacks a private root" in warning and "apt-get install bubblewrap" in warning
+    assert ("no stronger mode works here (bwrap is not installed; namespaces failed: "
+            "PermissionError: mount: Operation not permitted)") in warning
+
+
 def test_root_on_this_machine_gets_a_private_root(python_tool):
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("not root with `unshare`: the private root needs bubblewrap or user namespaces here")

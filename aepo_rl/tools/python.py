@@ -215,9 +215,9 @@ class PythonSandbox:
         self._stats_lock = threading.Lock()
         self._running = 0
         self._layout = _root_layout(self.python, self.write_bytes)
-        self.isolation = isolation if isolation != "auto" else self._probe()
+        self.isolation, failures = (isolation, "") if isolation != "auto" else self._probe()
         if self.isolation in _LOST:
-            _warn_once(self.isolation, chosen=isolation != "auto")
+            _warn_once(self.isolation, failures)
 
     def run(self, arg: str) -> str:
         problem = argument_error(arg, self.max_code_chars)
@@ -355,56 +355,66 @@ class PythonSandbox:
             self.stats["errors"] += errors
             self.stats["timeouts"] += timeouts
 
-    def _probe(self) -> str:
-        """The strongest isolation mode that runs ``print(6 * 7)`` on this host (cached)."""
+    def _probe(self) -> tuple[str, str]:
+        """The strongest isolation mode that runs ``6 * 7`` on this host, and why the stronger
+        ones did not (cached)."""
         key = (os.geteuid(), self.user.pw_uid, self.python)
         with _PROBE_LOCK:
             if key not in _PROBED:
-                _PROBED[key] = mode = next(mode for mode in _candidate_modes() if self._works(mode))
+                failures = [] if _which_or_none("bwrap") else ["bwrap is not installed"]
+                for mode in _candidate_modes():
+                    failure = self._failure(mode)
+                    if not failure:
+                        break
+                    failures.append(f"{mode} failed: {failure}")
+                _PROBED[key] = mode, "; ".join(failures)
                 if mode in PRIVATE_ROOT_MODES:
                     log.info("python sandbox: isolation '%s' (private root, private capped /tmp, no network)", mode)
         return _PROBED[key]
 
-    def _works(self, mode: str) -> bool:
+    def _failure(self, mode: str) -> str:
+        """How ``mode`` fails to run ``6 * 7`` here (its last line of output), or "" when it works."""
         if mode == "none":
-            return True
+            return ""
         try:
-            works = self._execute("6 * 7", mode, timeout=30.0) == "42"
-        except OSError:
-            works = False
+            text = self._execute("6 * 7", mode, timeout=30.0)
+        except OSError as err:
+            text = f"{type(err).__name__}: {err}"
         self.stats.update(calls=0, errors=0, timeouts=0)
-        return works
+        return "" if text == "42" else (text.strip().splitlines() or ["no output"])[-1]
 
 
-def _warn_once(mode: str, chosen: bool) -> None:
+def _warn_once(mode: str, failures: str) -> None:
     """The warning at start (once per process and mode) of a mode without a private root: what
-    it lacks, why it is used and how to get a private root."""
+    it lacks, why it is used (``failures`` of the stronger modes; "" when chosen) and how to get
+    a private root."""
     with _PROBE_LOCK:
         if ("warned", mode) in _PROBED:
             return
         _PROBED["warned", mode] = mode
-    if chosen:
+    if not failures:
         why = f"it was chosen (isolation={mode!r}); 'auto' picks the strongest mode that works"
-    elif os.geteuid() == 0:
-        why = "no stronger mode works here: bwrap is missing or fails, and `unshare` cannot create namespaces " \
-              "(e.g. a container without CAP_SYS_ADMIN)"
     else:
-        why = "no stronger mode works here: bwrap is missing or fails, and unprivileged user namespaces are disabled"
+        why = f"no stronger mode works here ({failures})"
     log.warning("python sandbox: isolation '%s' lacks %s; %s. Install bubblewrap (`apt-get install bubblewrap` on "
                 "Debian/Ubuntu, `dnf install bubblewrap` on Fedora) or allow namespaces, and run untrusted models "
                 "only where one of these works (docs/tools.md).", mode, _LOST[mode], why)
 
 
 def _candidate_modes() -> list[str]:
-    have = {tool: shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin") for tool in ("bwrap", "unshare", "setpriv")}
+    have = {tool: _which_or_none(tool) for tool in ("bwrap", "unshare", "setpriv")}
     if os.geteuid() == 0:
         modes = (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (["namespaces"] if have["unshare"] else [])
         return modes + (["nobody"] if have["setpriv"] else []) + ["none"]
     return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else []) + ["none"]
 
 
+def _which_or_none(tool: str) -> str | None:
+    return shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
 def _which(tool: str) -> str:
-    path = shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    path = _which_or_none(tool)
     if path is None:
         raise FileNotFoundError(f"{tool} not found")
     return path
