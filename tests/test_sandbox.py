@@ -246,11 +246,39 @@ def test_host_files_outside_the_runtime_are_invisible(private_root_tool):
         for secret in secrets:
             os.remove(secret)
     top = set(eval(private_root_tool.run("import os; os.listdir('/')")))
-    assert top <= {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "var",
-                   *(part for part in sys.base_prefix.split(os.sep)[1:2])}, top
+    assert top <= PRIVATE_TOP, top
     etc = set(eval(private_root_tool.run("import os; os.listdir('/etc')")))
     assert etc <= set(python_module._ETC) and "ld.so.cache" in etc, etc
     assert private_root_tool.run("open('/etc/shadow')").endswith("No such file or directory: '/etc/shadow'")
+
+
+PRIVATE_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "var",
+               *sys.base_prefix.split(os.sep)[1:2]}  # the private root's top level: the runtime, the Python install
+
+ESCAPE = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.unshare(0x10000000 | 0x00020000)  # a user and a mount namespace of its own, if it may
+os.makedirs("/tmp/x")
+for attempt in (lambda: os.chroot("/tmp/x"), lambda: libc.umount2(b"/", 2), lambda: libc.umount2(b"/tmp", 2)):
+    try:
+        attempt()
+    except OSError:
+        pass
+    for _ in range(8):  # the classic chroot escape: climb from outside the new root
+        os.chdir("..")
+    try:
+        os.chroot(".")
+    except OSError:
+        pass
+sorted(os.listdir("/"))
+"""
+
+
+def test_breaking_out_of_the_root_fails(private_root_tool):
+    """A user namespace of its own (where allowed) gives the code root's powers there: chroot
+    and unmount tricks must still leave it inside the private root."""
+    text = private_root_tool.run(ESCAPE)
+    assert set(eval(text)) <= PRIVATE_TOP, text
 
 
 @pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
