@@ -84,7 +84,8 @@ except BaseException as error:
 # ``_root_layout`` on a tmpfs, makes that the root (the host's is covered and out of reach), and
 # forks: it stays pid 1 (the kernel shields a namespace's init from signals such as SIGXCPU, so
 # the code runs as its child) and exits 128 + signal when the code is killed; the child drops to
-# the given user (if any), forbids new privileges and goes on with RUNNER.
+# the given user (if any), forbids new privileges, adds site-packages (``-S`` left them out, so
+# their ``.pth`` files do not run as root) and goes on with RUNNER.
 JAIL = r"""
 import ast, ctypes, os, sys
 layout, root, user = ast.literal_eval(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -152,6 +153,8 @@ if user:
     os.setresuid(uid, uid, uid)
 if libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS: setuid programs cannot raise privileges
     raise OSError(ctypes.get_errno(), "sandbox: prctl(PR_SET_NO_NEW_PRIVS) failed")
+import site
+site.main()  # site-packages and their .pth files, as the code's user (python -S started without them)
 """
 
 ISOLATION_MODES = ("bubblewrap", "namespaces", "nobody", "user-namespace", "none")
@@ -280,7 +283,7 @@ class PythonSandbox:
             namespaces = ["--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
             if mode == "user-namespace":
                 namespaces = ["--user", "--map-root-user", *namespaces]
-            return [_which("unshare"), *namespaces, self.python, "-I", "-u", "-c", JAIL + RUNNER,
+            return [_which("unshare"), *namespaces, self.python, "-I", "-S", "-u", "-c", JAIL + RUNNER,
                     repr(self._layout), staging, user, *limits]
         if mode == "nobody":
             return as_user + python
