@@ -282,6 +282,22 @@ def test_breaking_out_of_the_root_fails(private_root_tool):
 
 
 @pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
+def test_a_python_install_under_tmp_stays_visible(mode, tmp_path, monkeypatch):
+    """The private /tmp is mounted before the Python install, so an install (a virtual
+    environment) under the host's /tmp is not hidden by it."""
+    private_root_sandbox(mode)  # skips where the mode does not work
+    roots = python_module._python_install_roots
+    monkeypatch.setattr(python_module, "_python_install_roots", lambda python: [*roots(python), str(tmp_path)])
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "site.txt").write_text("installed")
+    (tmp_path / "site.txt").chmod(0o644)
+    tool = sandbox(isolation=mode)
+    assert tool.run(f"open({str(tmp_path / 'site.txt')!r}).read()") == "installed"
+    assert tool.run(f"open({str(tmp_path / 'new.txt')!r}, 'w')").splitlines()[-1].startswith(
+        ("OSError: [Errno 30] Read-only file system", "PermissionError"))
+
+
+@pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
 def test_total_write_cap(mode):
     tool = private_root_sandbox(mode, write_mb=4, max_file_mb=16)
     code = ("for path in ['/tmp/a', '/var/tmp/b', '/dev/shm/c', 'd']:\n"

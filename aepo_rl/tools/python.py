@@ -426,16 +426,17 @@ def _which(tool: str) -> str:
 def _root_layout(python: str, write_bytes: int) -> list[tuple]:
     """The private root of every mode in ``PRIVATE_ROOT_MODES``, as ``(kind, path, *extra)``
     entries built in order: the system's runtime read-only (``/usr``, the ``/bin`` and ``/lib``
-    links or folders, the ``_ETC`` part of ``/etc``, the Python install with its parents as
-    bare traversable folders — so nothing else of e.g. ``/root``), a fresh ``/proc``, the basic
-    devices, and one tmpfs of ``write_bytes`` at ``/tmp`` that ``/var/tmp`` and ``/dev/shm``
-    link to."""
+    links or folders, the ``_ETC`` part of ``/etc``), one tmpfs of ``write_bytes`` at ``/tmp``,
+    the Python install read-only with its parents as bare traversable folders (so nothing else
+    of e.g. ``/root``; after the tmpfs, so an install under ``/tmp`` stays visible), a fresh
+    ``/proc``, the basic devices, and ``/var/tmp`` and ``/dev/shm`` linked to ``/tmp``."""
     layout = [("dir", "/etc")]  # traversable (bwrap would make the parent of its files 0700)
     for path in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", *(f"/etc/{n}" for n in _ETC)]:
         if os.path.islink(path):  # merged-/usr links; /etc/localtime
             layout.append(("symlink", path, os.readlink(path)))
         elif os.path.exists(path):
             layout.append(("ro-bind", path))
+    layout.append(("tmpfs", _PRIVATE_DIR, write_bytes))
     for root in _outermost(_python_install_roots(python)):
         if not (root == "/usr" or root.startswith("/usr/")):
             layout += [("dir", str(ancestor)) for ancestor in reversed(Path(root).parents[:-1])]
@@ -443,8 +444,7 @@ def _root_layout(python: str, write_bytes: int) -> list[tuple]:
     layout += [("proc", "/proc"), ("dir", "/dev"), *(("dev-bind", f"/dev/{device}") for device in _DEVICES)]
     layout += [("symlink", f"/dev/{name}", target) for name, target in (
         ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))]
-    return layout + [("tmpfs", _PRIVATE_DIR, write_bytes), ("dir", "/var"), ("symlink", "/var/tmp", _PRIVATE_DIR),
-                     ("symlink", "/dev/shm", _PRIVATE_DIR)]
+    return layout + [("dir", "/var"), ("symlink", "/var/tmp", _PRIVATE_DIR), ("symlink", "/dev/shm", _PRIVATE_DIR)]
 
 
 def _python_install_roots(python: str) -> list[str]:
