@@ -321,7 +321,7 @@ def test_limits_hold_in_the_private_root(mode):
 
 @pytest.mark.parametrize("mode", sorted(set(ISOLATION_MODES) - set(PRIVATE_ROOT_MODES)))
 def test_a_mode_without_private_root_says_so_at_start(mode, caplog, monkeypatch):
-    monkeypatch.setattr(python_module, "_PROBED", {})  # the warning is given once per process
+    monkeypatch.setattr(python_module, "_WARNED", set())  # the warning is given once per process
     with caplog.at_level("WARNING", logger="aepo_rl.tools.python"):
         sandbox(isolation=mode)
         sandbox(isolation=mode)
@@ -333,6 +333,7 @@ def test_a_mode_without_private_root_says_so_at_start(mode, caplog, monkeypatch)
 def test_auto_without_a_private_root_says_why(caplog, monkeypatch):
     """Where bwrap is missing and namespaces are not allowed, 'auto' falls back and says so."""
     monkeypatch.setattr(python_module, "_PROBED", {})
+    monkeypatch.setattr(python_module, "_WARNED", set())
     monkeypatch.setattr(python_module, "_which_or_none", lambda tool: None if tool == "bwrap" else shutil.which(tool))
     monkeypatch.setattr(python_module, "_candidate_modes", lambda: ["namespaces", "none"])
     monkeypatch.setattr(python_module, "JAIL", "raise PermissionError('mount: Operation not permitted')\n")

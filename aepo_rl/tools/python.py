@@ -173,7 +173,8 @@ _DEVICES = ("null", "zero", "full", "random", "urandom")
 # (for pwd and getpass), name service and host files, the time zone and the alternatives links
 _ETC = ("alternatives", "group", "host.conf", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
         "nsswitch.conf", "passwd")
-_PROBED: dict[tuple, str] = {}
+_PROBED: dict[tuple, tuple[str, str]] = {}  # (euid, uid, python) -> (mode, why the stronger ones failed)
+_WARNED: set[str] = set()  # the modes without a private root already warned about in this process
 _PROBE_LOCK = threading.Lock()
 
 
@@ -392,9 +393,9 @@ def _warn_once(mode: str, failures: str) -> None:
     it lacks, why it is used (``failures`` of the stronger modes; "" when chosen) and how to get
     a private root."""
     with _PROBE_LOCK:
-        if ("warned", mode) in _PROBED:
+        if mode in _WARNED:
             return
-        _PROBED["warned", mode] = mode
+        _WARNED.add(mode)
     if not failures:
         why = f"it was chosen (isolation={mode!r}); 'auto' picks the strongest mode that works"
     else:
