@@ -274,6 +274,16 @@ sorted(os.listdir("/"))
 """
 
 
+def test_the_code_has_no_capabilities(private_root_tool):
+    """As bubblewrap does, the code keeps no capability — also in a user namespace, where it stays
+    uid 0 — so it cannot unmount its private /tmp or root."""
+    text = private_root_tool.run(
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "caps = {l.split(':')[0]: int(l.split()[1], 16) for l in open('/proc/self/status') if l.startswith('Cap')}\n"
+        "[caps['CapEff'], caps['CapPrm'], caps['CapAmb'], libc.umount2(b'/tmp', 2), libc.umount2(b'/', 2)]")
+    assert text == "[0, 0, 0, -1, -1]", text
+
+
 def test_breaking_out_of_the_root_fails(private_root_tool):
     """A user namespace of its own (where allowed) gives the code root's powers there: chroot
     and unmount tricks must still leave it inside the private root."""

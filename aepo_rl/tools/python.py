@@ -17,7 +17,8 @@ file outside that runtime can be read, and no host unix socket (path or abstract
 - ``namespaces`` (root with ``unshare``, no bubblewrap): ``JAIL`` builds the root with mount
   calls and a move of it over ``/``, then runs the code as ``nobody`` with no new privileges.
 - ``user-namespace`` (not root, no bubblewrap, unprivileged user namespaces): ``JAIL`` in a user
-  namespace; the code keeps the host user's identity, but sees only the private root.
+  namespace; the code keeps the host user's identity (uid 0 there, without any capability), but
+  sees only the private root.
 - ``nobody`` (root, no namespaces) and ``none`` (nothing else works): no private root — the code
   runs in a new temporary directory of the host and shares its files, ``/tmp``, ``/var/tmp``,
   ``/dev/shm`` and unix sockets; the network is blocked at Python level only. They log a warning
@@ -83,8 +84,8 @@ except BaseException as error:
 # run as root of new mount, pid, network, ipc and uts namespaces, it mounts the layout of
 # ``_root_layout`` on a tmpfs, makes that the root (the host's is covered and out of reach), and
 # forks: it stays pid 1 (the kernel shields a namespace's init from signals such as SIGXCPU, so
-# the code runs as its child) and exits 128 + signal when the code is killed; the child drops to
-# the given user (if any), forbids new privileges, adds site-packages (``-S`` left them out, so
+# the code runs as its child) and exits 128 + signal when the code is killed; the child drops
+# every capability and to the given user (if any), forbids new privileges, adds site-packages (``-S`` left them out, so
 # their ``.pth`` files do not run as root) and goes on with RUNNER.
 JAIL = r"""
 import ast, ctypes, os, sys
@@ -146,13 +147,21 @@ if child:
         os.close(stream)
     status = os.waitpid(child, 0)[1]
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+def check(failed, what):
+    if failed:
+        raise OSError(ctypes.get_errno(), f"sandbox: {what} failed")
+with open("/proc/sys/kernel/cap_last_cap") as last:
+    for cap in range(int(last.read()) + 1):  # no capability can come back, not even through execve as root
+        check(libc.prctl(24, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+check(libc.prctl(47, 4, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 if user:
     uid, gid = (int(x) for x in user.split(":"))
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-if libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS: setuid programs cannot raise privileges
-    raise OSError(ctypes.get_errno(), "sandbox: prctl(PR_SET_NO_NEW_PRIVS) failed")
+no_capabilities = (ctypes.c_uint32 * 6)()  # in a user namespace the code stays uid 0: drop what that gives
+check(libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), no_capabilities), "capset")  # _LINUX_CAPABILITY_VERSION_3
+check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid programs cannot raise privileges
 import site
 site.main()  # site-packages and their .pth files, as the code's user (python -S started without them)
 """
