@@ -233,7 +233,9 @@ def test_host_files_outside_the_runtime_are_invisible(private_root_tool):
     project cannot be read; the root holds only the system's runtime and the Python install."""
     name = f"aepo-secret-{uuid.uuid4().hex[:8]}"
     install = os.path.dirname(os.path.realpath(sys.base_prefix))  # e.g. ~/.pyenv/versions
-    secrets = [os.path.join(folder, name) for folder in (os.path.expanduser("~"), install, os.getcwd())]
+    folders = [os.path.expanduser("~"), os.getcwd()] + ([install] if install not in ("/", "/usr") else [])
+    secrets = [os.path.join(folder, name) for folder in folders if os.access(folder, os.W_OK)]
+    assert secrets, f"none of {folders} is writable: the test cannot leave a secret"
     try:
         for secret in secrets:
             with open(secret, "w") as f:
@@ -253,7 +255,8 @@ def test_host_files_outside_the_runtime_are_invisible(private_root_tool):
 
 
 PRIVATE_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "var",
-               *sys.base_prefix.split(os.sep)[1:2]}  # the private root's top level: the runtime, the Python install
+               *(root.split(os.sep)[1] for root in python_module._python_install_roots(os.path.realpath(sys.executable)))
+               }  # the private root's top level: the runtime, the Python install
 
 ESCAPE = """import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
