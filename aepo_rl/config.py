@@ -150,7 +150,7 @@ class RolloutConfig:
     tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
     sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp (also its working "
                                      "directory, /var/tmp and /dev/shm) is a tmpfs of this size, gone after the call "
-                                     "(isolation 'bubblewrap', see docs/tools.md).", ge=1)
+                                     "(isolations with a private root, see docs/tools.md).", ge=1)
     tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
                                              "tool calls fail: server down or answering errors, sandbox failing or stopping "
                                              "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -17,7 +18,8 @@ import pytest
 from aepo_rl.config import Config
 from aepo_rl.tasks.common import ToolOptions, build_tools
 from aepo_rl.tools import get_tool
-from aepo_rl.tools.python import ISOLATION_MODES
+from aepo_rl.tools import python as python_module
+from aepo_rl.tools.python import ISOLATION_MODES, PRIVATE_ROOT_MODES
 
 
 def sandbox(**options):
@@ -34,10 +36,21 @@ def drops_privileges(tool) -> bool:
     return tool.isolation in ("namespaces", "nobody") or (tool.isolation == "bubblewrap" and os.geteuid() == 0)
 
 
-def require_private_filesystem(tool) -> None:
-    if tool.isolation != "bubblewrap":
-        pytest.skip(f"isolation '{tool.isolation}' has no private filesystem (bubblewrap is missing or does "
-                    "not work here): the code shares the host's /tmp, /var/tmp, /dev/shm and unix sockets")
+def private_root_sandbox(mode: str, **options):
+    """A sandbox in ``mode``, or a skip saying why this machine cannot run it."""
+    tool = sandbox(isolation=mode, **options)
+    if tool.run("6 * 7") != "42":
+        why = {"bubblewrap": "bwrap is not installed or fails here (apt-get install bubblewrap)",
+               "namespaces": "this needs root and `unshare` allowed to create namespaces",
+               "user-namespace": "unprivileged user namespaces are disabled here"}[mode]
+        pytest.skip(f"isolation '{mode}' does not work on this machine: {why}")
+    return tool
+
+
+@pytest.fixture(scope="module", params=PRIVATE_ROOT_MODES)
+def private_root_tool(request):
+    """Each mode that should give a private root, in turn: the attacks below run in every one."""
+    return private_root_sandbox(request.param)
 
 
 def test_isolation_mode_is_reported(python_tool):
@@ -76,7 +89,7 @@ def test_fresh_empty_directory_removed_afterwards(python_tool):
     workdir, listing = text.splitlines()
     assert listing == repr([note])
     assert not os.path.exists(os.path.join(workdir, note))
-    if python_tool.isolation != "bubblewrap":  # there the directory is the call's own tmpfs /tmp
+    if python_tool.isolation not in PRIVATE_ROOT_MODES:  # there the directory is the call's own tmpfs /tmp
         assert not os.path.exists(workdir)
     assert python_tool.run("import os; os.listdir('.')") == "[]"
 
@@ -166,21 +179,20 @@ def test_every_isolation_mode_blocks_the_network(mode, refusal):
 
 
 def test_writing_outside_its_directory_fails(python_tool, tmp_path):
-    if not drops_privileges(python_tool) and python_tool.isolation != "bubblewrap":
+    if not drops_privileges(python_tool) and python_tool.isolation not in PRIVATE_ROOT_MODES:
         pytest.skip(f"isolation '{python_tool.isolation}' keeps the host user's file permissions")
     os.chmod(tmp_path, 0o755)
     for target in ["/etc/aepo_sandbox_probe", str(tmp_path / "escaped.txt"), os.path.join(os.getcwd(), "escaped.txt")]:
         text = python_tool.run(f"open({target!r}, 'w').write('x')")
         refusals = [f"PermissionError: [Errno 13] Permission denied: {target!r}"]
-        if python_tool.isolation == "bubblewrap":  # /etc is mounted read-only, the rest is not there
+        if python_tool.isolation in PRIVATE_ROOT_MODES:  # the root is read-only, the host's folders are not there
             refusals += [f"OSError: [Errno 30] Read-only file system: {target!r}",
                          f"FileNotFoundError: [Errno 2] No such file or directory: {target!r}"]
         assert text.splitlines()[-1] in refusals
         assert not os.path.exists(target)
 
 
-def test_host_unix_sockets_are_unreachable(python_tool):
-    require_private_filesystem(python_tool)
+def test_host_unix_sockets_are_unreachable(private_root_tool):
     folder = tempfile.mkdtemp(prefix="aepo-socket-", dir="/tmp")  # world-writable, like /tmp itself
     listeners = []
     try:
@@ -195,8 +207,8 @@ def test_host_unix_sockets_are_unreachable(python_tool):
             listeners.append(listener)
         os.chmod(path, 0o777)
         for address, refusal in [(path, "FileNotFoundError"), (abstract, "ConnectionRefusedError")]:
-            text = python_tool.run(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({address!r})\n"
-                                   "s.sendall(b'escaped')")
+            text = private_root_tool.run(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({address!r})\n"
+                                         "s.sendall(b'escaped')")
             assert text.splitlines()[-1].startswith(refusal + ":"), text
         for listener in listeners:
             with pytest.raises(TimeoutError):
@@ -207,25 +219,153 @@ def test_host_unix_sockets_are_unreachable(python_tool):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_nothing_written_outlives_the_call(python_tool):
-    require_private_filesystem(python_tool)
+def test_nothing_written_outlives_the_call(private_root_tool):
     name = f"aepo-left-{uuid.uuid4().hex[:8]}"
     paths = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", name]
     write = f"for path in {paths!r}:\n    open(path, 'w').write('x' * 1000)\nimport os\n[os.path.getsize(p) for p in {paths!r}]"
-    assert python_tool.run(write) == "[1000, 1000, 1000, 1000]"
-    assert python_tool.run(f"import os\n[os.path.exists(p) for p in {paths!r}]") == "[False, False, False, False]"
+    assert private_root_tool.run(write) == "[1000, 1000, 1000, 1000]"
+    assert private_root_tool.run(f"import os\n[os.path.exists(p) for p in {paths!r}]") == "[False, False, False, False]"
     assert not [path for path in paths[:3] if os.path.exists(path)]  # nor on the host
 
 
-def test_total_write_cap():
-    tool = sandbox(write_mb=4, max_file_mb=16)
-    require_private_filesystem(tool)
+def test_host_files_outside_the_runtime_are_invisible(private_root_tool):
+    """Secrets left readable by everyone in the home folder, beside the Python install and in the
+    project cannot be read; the root holds only the system's runtime and the Python install."""
+    name = f"aepo-secret-{uuid.uuid4().hex[:8]}"
+    install = os.path.dirname(os.path.realpath(sys.base_prefix))  # e.g. ~/.pyenv/versions
+    folders = [os.path.expanduser("~"), os.getcwd()] + ([install] if install not in ("/", "/usr") else [])
+    secrets = [os.path.join(folder, name) for folder in folders if os.access(folder, os.W_OK)]
+    assert secrets, f"none of {folders} is writable: the test cannot leave a secret"
+    try:
+        for secret in secrets:
+            with open(secret, "w") as f:
+                f.write("hunter2")
+            os.chmod(secret, 0o644)
+        for secret in secrets:
+            text = private_root_tool.run(f"open({secret!r}).read()")
+            assert text.splitlines()[-1] == f"FileNotFoundError: [Errno 2] No such file or directory: {secret!r}", text
+    finally:
+        for secret in secrets:
+            os.remove(secret)
+    top = set(eval(private_root_tool.run("import os; os.listdir('/')")))
+    assert top <= PRIVATE_TOP, top
+    etc = set(eval(private_root_tool.run("import os; os.listdir('/etc')")))
+    assert etc <= set(python_module._ETC) and "ld.so.cache" in etc, etc
+    assert private_root_tool.run("open('/etc/shadow')").endswith("No such file or directory: '/etc/shadow'")
+
+
+PRIVATE_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "var",
+               *(root.split(os.sep)[1] for root in python_module._python_install_roots(os.path.realpath(sys.executable)))
+               }  # the private root's top level: the runtime, the Python install
+
+ESCAPE = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.unshare(0x10000000 | 0x00020000)  # a user and a mount namespace of its own, if it may
+os.makedirs("/tmp/x")
+for attempt in (lambda: os.chroot("/tmp/x"), lambda: libc.umount2(b"/", 2), lambda: libc.umount2(b"/tmp", 2)):
+    try:
+        attempt()
+    except OSError:
+        pass
+    for _ in range(8):  # the classic chroot escape: climb from outside the new root
+        os.chdir("..")
+    try:
+        os.chroot(".")
+    except OSError:
+        pass
+sorted(os.listdir("/"))
+"""
+
+
+def test_the_code_has_no_capabilities(private_root_tool):
+    """As bubblewrap does, the code keeps no capability — also in a user namespace, where it stays
+    uid 0 — so it cannot unmount its private /tmp or root."""
+    text = private_root_tool.run(
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "caps = {l.split(':')[0]: int(l.split()[1], 16) for l in open('/proc/self/status') if l.startswith('Cap')}\n"
+        "[caps['CapEff'], caps['CapPrm'], caps['CapAmb'], libc.umount2(b'/tmp', 2), libc.umount2(b'/', 2)]")
+    assert text == "[0, 0, 0, -1, -1]", text
+
+
+def test_breaking_out_of_the_root_fails(private_root_tool):
+    """A user namespace of its own (where allowed) gives the code root's powers there: chroot
+    and unmount tricks must still leave it inside the private root."""
+    text = private_root_tool.run(ESCAPE)
+    assert set(eval(text)) <= PRIVATE_TOP, text
+
+
+@pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
+def test_a_python_install_under_tmp_stays_visible(mode, tmp_path, monkeypatch):
+    """The private /tmp is mounted before the Python install, so an install (a virtual
+    environment) under the host's /tmp is not hidden by it."""
+    private_root_sandbox(mode)  # skips where the mode does not work
+    roots = python_module._python_install_roots
+    monkeypatch.setattr(python_module, "_python_install_roots", lambda python: [*roots(python), str(tmp_path)])
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "site.txt").write_text("installed")
+    (tmp_path / "site.txt").chmod(0o644)
+    tool = sandbox(isolation=mode)
+    assert tool.run(f"open({str(tmp_path / 'site.txt')!r}).read()") == "installed"
+    assert tool.run(f"open({str(tmp_path / 'new.txt')!r}, 'w')").splitlines()[-1].startswith(
+        ("OSError: [Errno 30] Read-only file system", "PermissionError"))
+
+
+@pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
+def test_total_write_cap(mode):
+    tool = private_root_sandbox(mode, write_mb=4, max_file_mb=16)
     code = ("for path in ['/tmp/a', '/var/tmp/b', '/dev/shm/c', 'd']:\n"
             "    with open(path, 'wb') as f:\n        f.write(b'x' * (3 << 19))\n    print(path)")
     text = tool.run(code)
     assert text.splitlines()[:2] == ["/tmp/a", "/var/tmp/b"]  # 3 MB written; the third 1.5 MB file fails
     assert text.endswith("OSError: [Errno 28] No space left on device")
     assert tool.run("open('e', 'wb').write(b'x' * (3 << 20))") == str(3 << 20)  # the next call starts empty
+
+
+@pytest.mark.parametrize("mode", PRIVATE_ROOT_MODES)
+def test_limits_hold_in_the_private_root(mode):
+    """The CPU limit's signal (delivered to the code, not the namespace's init) and, where the
+    code runs as ``nobody``, the process limit, in each mode that builds a private root."""
+    tool = private_root_sandbox(mode, timeout=20, cpu_seconds=1)
+    assert tool.run("while True:\n    pass") == "Error: CPU time limit of 1 s exceeded."
+    if drops_privileges(tool):  # the host's root is exempt from RLIMIT_NPROC, also in a user namespace
+        text = tool.run("import os\nfor _ in range(64):\n    if os.fork() == 0:\n        import time; time.sleep(5)")
+        assert text.splitlines()[-1].startswith("BlockingIOError"), text
+
+
+@pytest.mark.parametrize("mode", sorted(set(ISOLATION_MODES) - set(PRIVATE_ROOT_MODES)))
+def test_a_mode_without_private_root_says_so_at_start(mode, caplog, monkeypatch):
+    monkeypatch.setattr(python_module, "_WARNED", set())  # the warning is given once per process
+    with caplog.at_level("WARNING", logger="aepo_rl.tools.python"):
+        sandbox(isolation=mode)
+        sandbox(isolation=mode)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"isolation '{mode}' lacks a private root" in warning
+    assert "host unix sockets" in warning and "apt-get install bubblewrap" in warning
+
+
+def test_auto_without_a_private_root_says_why(caplog, monkeypatch):
+    """Where bwrap is missing and namespaces are not allowed, 'auto' falls back and says so."""
+    monkeypatch.setattr(python_module, "_PROBED", {})
+    monkeypatch.setattr(python_module, "_WARNED", set())
+    monkeypatch.setattr(python_module, "_which_or_none", lambda tool: None if tool == "bwrap" else shutil.which(tool))
+    monkeypatch.setattr(python_module, "_candidate_modes", lambda: ["namespaces", "none"])
+    monkeypatch.setattr(python_module, "JAIL", "raise PermissionError('mount: Operation not permitted')\n")
+    with caplog.at_level("WARNING", logger="aepo_rl.tools.python"):
+        tool = sandbox()
+    assert tool.isolation == "none"
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "isolation 'none' lacks a private root" in warning and "apt-get install bubblewrap" in warning
+    assert ("no stronger mode works here (bwrap is not installed; namespaces failed: "
+            "PermissionError: mount: Operation not permitted)") in warning
+
+
+def test_root_on_this_machine_gets_a_private_root(python_tool):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("not root with `unshare`: the private root needs bubblewrap or user namespaces here")
+    if python_tool.isolation not in PRIVATE_ROOT_MODES:
+        pytest.skip(f"namespaces are not allowed here (isolation '{python_tool.isolation}', e.g. a container "
+                    "without CAP_SYS_ADMIN): install bubblewrap")
+    assert python_tool.isolation in ("bubblewrap", "namespaces")
 
 
 def test_killing_the_parent_or_host_leaves_the_host_running(python_tool):
@@ -261,5 +401,6 @@ def test_rollout_sandbox_write_mb_sizes_the_private_tmp():
     cfg = Config()
     cfg.rollout.sandbox_write_mb = 3
     tool = build_tools(cfg.task, allowed=("python",), options=ToolOptions.from_config(cfg))["python"]
-    require_private_filesystem(tool)
+    if tool.isolation not in PRIVATE_ROOT_MODES:
+        pytest.skip(f"isolation '{tool.isolation}' has no private /tmp here (see the warning at start)")
     assert tool.run("import os\nst = os.statvfs('/tmp')\nst.f_blocks * st.f_frsize") == str(3 << 20)

@@ -1,30 +1,28 @@
 """The ``python`` tool: model-written code in a sandboxed child process.
 
-Each call runs ``python -I -u`` in a fresh process group, in a new empty temporary directory
-(removed afterwards), with a minimal environment, rlimits on CPU seconds, address space, file
-size and processes, a wall-clock timeout that kills the whole group, and output read up to a
-cap. As in the release (docs/algorithm.md §1.1), a final expression statement is printed.
+Each call runs ``python -I -u`` in a fresh process group, with a minimal environment, rlimits on
+CPU seconds, address space, file size and processes, a wall-clock timeout that kills the whole
+group, and output read up to a cap. As in the release (docs/algorithm.md §1.1), a final
+expression statement is printed.
 
-Isolation is probed once and the strongest working mode is used (``tool.isolation``); a weaker
-mode logs a warning naming the protections it lacks:
+Isolation is probed once and the strongest working mode is used (``tool.isolation``). The
+first three build the same private root (``_root_layout``) in new network, pid, ipc, uts and
+mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
+files of ``/etc``) and the Python install are visible, read-only; ``/tmp`` is a new tmpfs of
+``write_mb`` MB — the working directory, ``HOME`` and ``TMPDIR`` — that ``/var/tmp`` and
+``/dev/shm`` link to. So nothing written outlives the call, the total written is capped, no host
+file outside that runtime can be read, and no host unix socket (path or abstract) can be reached.
 
-- ``bubblewrap`` (``bwrap`` works; root or unprivileged user namespaces): new network, pid, ipc
-  and mount namespaces with a private root in which only ``/usr``, ``/etc`` and the Python
-  install are visible, all read-only; ``/tmp`` is a new tmpfs of ``write_mb`` MB — the working
-  directory, ``HOME`` and ``TMPDIR`` — and ``/var/tmp`` and ``/dev/shm`` link to it, so nothing
-  written outlives the call, the total written is capped, and no host unix socket (path or
-  abstract) can be reached. Under root the code also runs as ``nobody``.
-- ``namespaces`` (root with ``unshare``): new network, pid and mount namespaces; the code runs
-  as ``nobody`` (``setpriv``), sees an empty ``/root`` except the Python install, and dies with
-  its whole pid namespace when killed.
-- ``nobody`` (root without namespaces): runs as ``nobody``; network blocked at Python level.
-- ``user-namespace`` (not root): an unprivileged user namespace with no network and its own
-  pid namespace; the code keeps the host user's file permissions.
-- ``none``: same user, network blocked at Python level only (socket module patched) — it cannot
-  stop determined code, so use a container or root for untrusted models.
-
-Every mode but ``bubblewrap`` runs the code in a new temporary directory of the host (removed
-afterwards) and shares the host's ``/tmp``, ``/var/tmp``, ``/dev/shm`` and unix sockets.
+- ``bubblewrap``: ``bwrap`` builds the root; under root the code runs as ``nobody``.
+- ``namespaces`` (root with ``unshare``, no bubblewrap): ``JAIL`` builds the root with mount
+  calls and a move of it over ``/``, then runs the code as ``nobody`` with no new privileges.
+- ``user-namespace`` (not root, no bubblewrap, unprivileged user namespaces): ``JAIL`` in a user
+  namespace; the code keeps the host user's identity (uid 0 there, without any capability), but
+  sees only the private root.
+- ``nobody`` (root, no namespaces) and ``none`` (nothing else works): no private root — the code
+  runs in a new temporary directory of the host and shares its files, ``/tmp``, ``/var/tmp``,
+  ``/dev/shm`` and unix sockets; the network is blocked at Python level only. They log a warning
+  at start naming what they lack and how to get bubblewrap.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import logging
 import os
 import pwd
 import selectors
-import shlex
 import shutil
 import signal
 import site
@@ -83,17 +80,110 @@ except BaseException as error:
     sys.exit(1)
 """
 
+# Put before RUNNER by the modes that build their own root (``namespaces``, ``user-namespace``):
+# run as root of new mount, pid, network, ipc and uts namespaces, it mounts the layout of
+# ``_root_layout`` on a tmpfs, makes that the root (the host's is covered and out of reach), and
+# forks: it stays pid 1 (the kernel shields a namespace's init from signals such as SIGXCPU, so
+# the code runs as its child) and exits 128 + signal when the code is killed; the child drops
+# every capability and to the given user (if any), forbids new privileges, adds site-packages (``-S`` left them out, so
+# their ``.pth`` files do not run as root) and goes on with RUNNER.
+JAIL = r"""
+import ast, ctypes, os, sys
+layout, root, user = ast.literal_eval(sys.argv[1]), sys.argv[2], sys.argv[3]
+del sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, MOVE, REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
+KEPT = {os.ST_NOSUID: NOSUID, os.ST_NODEV: NODEV, os.ST_NOEXEC: NOEXEC, os.ST_NOATIME: 1024,
+        os.ST_NODIRATIME: 2048, os.ST_RELATIME: 1 << 21}  # a bind mount's flags a user namespace must keep
+def mount(source, target, kind, flags, data=None):
+    if libc.mount(source and source.encode(), target.encode(), kind and kind.encode(), flags, data and data.encode()):
+        number = ctypes.get_errno()
+        raise OSError(number, f"sandbox: mount {source} on {target}: {os.strerror(number)}")
+binds = []  # (target, flags): made read-only (or nosuid for devices) once all are mounted
+def bind(source, target, flags):
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "w").close()
+    mount(source, target, None, BIND | REC)  # with the mounts below it, which a user namespace may not split off
+    binds.append((target, flags))
+os.umask(0o022)
+mount("aepo-sandbox", root, "tmpfs", NOSUID | NODEV, "mode=0755,size=1m")
+for kind, path, *extra in layout:
+    target = root + path
+    if kind == "dir":
+        os.makedirs(target, exist_ok=True)
+    elif kind == "symlink":
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.symlink(extra[0], target)
+    elif kind == "ro-bind":
+        bind(path, target, RDONLY | NOSUID | NODEV)
+    elif kind == "dev-bind":
+        bind(path, target, NOSUID | NOEXEC)
+    elif kind == "proc":
+        os.makedirs(target, exist_ok=True)
+        mount("proc", target, "proc", NOSUID | NODEV | NOEXEC)
+    elif kind == "tmpfs":
+        os.makedirs(target, exist_ok=True)
+        mount("aepo-sandbox", target, "tmpfs", NOSUID | NODEV, f"mode=1777,size={extra[0]}")
+with open("/proc/self/mountinfo") as info:
+    points = [line.split()[4] for line in info]
+for point in points:  # each bind and each mount below it: mountinfo escapes space, tab, newline, backslash
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        point = point.replace(code, char)
+    for target, flags in binds:
+        if point == target or point.startswith(target + "/"):
+            kept = os.statvfs(point).f_flag
+            mount(None, point, None, REMOUNT | BIND | flags | sum(v for k, v in KEPT.items() if kept & k))
+mount(None, root, None, REMOUNT | RDONLY | NOSUID | NODEV)
+os.chdir(root)
+mount(root, "/", None, MOVE)
+os.chroot(".")
+os.chdir("/tmp")
+child = os.fork()
+if child:
+    for stream in (0, 1, 2):
+        os.close(stream)
+    status = os.waitpid(child, 0)[1]
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+def check(failed, what):
+    if failed:
+        raise OSError(ctypes.get_errno(), f"sandbox: {what} failed")
+with open("/proc/sys/kernel/cap_last_cap") as last:
+    for cap in range(int(last.read()) + 1):  # no capability can come back, not even through execve as root
+        check(libc.prctl(24, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+check(libc.prctl(47, 4, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+if user:
+    uid, gid = (int(x) for x in user.split(":"))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+no_capabilities = (ctypes.c_uint32 * 6)()  # in a user namespace the code stays uid 0: drop what that gives
+check(libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), no_capabilities), "capset")  # _LINUX_CAPABILITY_VERSION_3
+check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid programs cannot raise privileges
+import site
+site.main()  # site-packages and their .pth files, as the code's user (python -S started without them)
+"""
+
 ISOLATION_MODES = ("bubblewrap", "namespaces", "nobody", "user-namespace", "none")
-_LOST = {  # what each fallback mode lacks compared with ``bubblewrap``, for the one-time warning
-    "namespaces": "a private filesystem",
-    "nobody": "a private filesystem, the network namespace (Python-level blocking only) and a private pid namespace",
-    "user-namespace": "a private filesystem and the switch to 'nobody' (the code has your user's file permissions)",
-    "none": "a private filesystem, the network namespace (Python-level blocking only), a private pid "
-            "namespace and any user switch",
+PRIVATE_ROOT_MODES = ("bubblewrap", "namespaces", "user-namespace")  # the code sees only _root_layout
+_LOST = {  # what the modes without a private root lack, for the warning at start
+    "nobody": "a private root (the code sees the host's files, writes to the host's /tmp, /var/tmp and /dev/shm "
+              "what outlives the call, each file capped but not the total, and can connect to host unix sockets), "
+              "a network namespace (Python-level blocking only) and a private pid namespace",
+    "none": "a private root (the code sees the host's files, writes to the host's /tmp, /var/tmp and /dev/shm "
+            "what outlives the call, each file capped but not the total, and can connect to host unix sockets), "
+            "a network namespace (Python-level blocking only), a private pid namespace and any user switch",
 }
-_PRIVATE_DIR = "/tmp"  # inside the bubblewrap view: the call's own tmpfs (also /var/tmp and /dev/shm)
+_PRIVATE_DIR = "/tmp"  # inside a private root: the call's own tmpfs (also /var/tmp and /dev/shm)
 _DEVICES = ("null", "zero", "full", "random", "urandom")
-_PROBED: dict[tuple, str] = {}
+# what of the host's /etc the private root shows: the dynamic linker's cache, users and groups
+# (for pwd and getpass), name service and host files, the time zone and the alternatives links
+_ETC = ("alternatives", "group", "host.conf", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
+        "nsswitch.conf", "passwd")
+_PROBED: dict[tuple, tuple[str, str]] = {}  # (euid, uid, python) -> (mode, why the stronger ones failed)
+_WARNED: set[str] = set()  # the modes without a private root already warned about in this process
 _PROBE_LOCK = threading.Lock()
 
 
@@ -137,7 +227,10 @@ class PythonSandbox:
         self._pool = threading.BoundedSemaphore(pool_size)
         self._stats_lock = threading.Lock()
         self._running = 0
-        self.isolation = isolation if isolation != "auto" else self._probe()
+        self._layout = _root_layout(self.python, self.write_bytes)
+        self.isolation, failures = (isolation, "") if isolation != "auto" else self._probe()
+        if self.isolation in _LOST:
+            _warn_once(self.isolation, failures)
 
     def run(self, arg: str) -> str:
         problem = argument_error(arg, self.max_code_chars)
@@ -160,9 +253,10 @@ class PythonSandbox:
     # -- one call ------------------------------------------------------------------------------
 
     def _execute(self, code: str, mode: str, timeout: float) -> str:
-        private = mode == "bubblewrap"  # the code's directory is a tmpfs of its own: nothing to clean
+        private = mode in PRIVATE_ROOT_MODES  # the code's directory is a tmpfs of its own: nothing to clean
         workdir = _PRIVATE_DIR if private else tempfile.mkdtemp(prefix="aepo-python-")
-        staging = "" if private else tempfile.mkdtemp(prefix="aepo-mounts-")  # root-only: bind mounts pass through it
+        # an empty folder of the host on which the call's namespace mounts its root (host sees nothing)
+        staging = tempfile.mkdtemp(prefix="aepo-root-") if mode in ("namespaces", "user-namespace") else ""
         try:
             if self._drops_user(mode) and not private:
                 os.chown(workdir, self.user.pw_uid, self.user.pw_gid)
@@ -179,9 +273,10 @@ class PythonSandbox:
         finally:
             if not private:
                 shutil.rmtree(workdir, ignore_errors=True)
-                shutil.rmtree(staging, ignore_errors=True)
+            if staging:
+                os.rmdir(staging)
         signum = -proc.returncode if proc.returncode < 0 else 0
-        if mode in ("bubblewrap", "namespaces") and proc.returncode > 128:  # their init reports 128 + signal
+        if private and proc.returncode > 128:  # their init reports 128 + signal
             signum = proc.returncode - 128
         return self._report(output, truncated, timed_out, proc.returncode, signum)
 
@@ -193,51 +288,30 @@ class PythonSandbox:
                    "--clear-groups", "--no-new-privs", "--"]
         if mode == "bubblewrap":
             return self._bubblewrap() + (as_user if self._drops_user(mode) else []) + python
-        if mode == "namespaces":
-            # sh stays pid 1 of the new pid namespace (the kernel shields a namespace's init from
-            # signals such as SIGXCPU), so python runs as its child and sh reports 128 + signal.
-            script = _expose_python_script(staging) + (
-                # python runs as a waited-for background job with the original stdin/stdout, so
-                # sh prints no "Killed" notice of its own
-                f"cd {shlex.quote(workdir)}\nexec 3>&1 4<&0 >/dev/null 2>&1 </dev/null\n"
-                f"{shlex.join(as_user + python)} >&3 2>&3 <&4 3>&- 4<&- &\nwait $!")
-            return [_which("unshare"), "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child",
-                    "--", "/bin/sh", "-ec", script]
+        if mode in ("namespaces", "user-namespace"):  # JAIL builds the root that bwrap would
+            user = f"{self.user.pw_uid}:{self.user.pw_gid}" if self._drops_user(mode) else ""
+            namespaces = ["--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
+            if mode == "user-namespace":
+                namespaces = ["--user", "--map-root-user", *namespaces]
+            return [_which("unshare"), *namespaces, self.python, "-I", "-S", "-u", "-c", JAIL + RUNNER,
+                    repr(self._layout), staging, user, *limits]
         if mode == "nobody":
             return as_user + python
-        if mode == "user-namespace":
-            return [_which("unshare"), "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--", *python]
         return python
 
     def _bubblewrap(self) -> list[str]:
-        """``bwrap`` arguments up to ``--``: new namespaces (a user namespace unless root) and a
-        private root holding read-only ``/usr``, ``/etc`` and the Python install, the basic
-        devices, a fresh ``/proc`` and one ``write_mb`` tmpfs at ``/tmp`` that ``/var/tmp`` and
-        ``/dev/shm`` link to; everything else of the root is read-only."""
+        """``bwrap`` arguments up to ``--``: new namespaces (a user namespace unless root) and the
+        private root of ``_root_layout``, read-only but for its ``/tmp``."""
         args = [_which("bwrap"), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent"]
         if os.geteuid() != 0:
             args.append("--unshare-user")
-        for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):  # merged-/usr links or directories
-            if os.path.islink(path):
-                args += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                args += ["--ro-bind", path, path]
-        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-        for root in _outermost(_python_install_roots(self.python)):
-            if not any(root == top or root.startswith(top + os.sep) for top in ("/usr", "/etc")):
-                for ancestor in reversed(Path(root).parents[:-1]):  # traversable, unlike e.g. /root
-                    args += ["--perms", "0755", "--dir", str(ancestor)]
-                args += ["--ro-bind", root, root]
-        args += ["--proc", "/proc", "--perms", "0755", "--dir", "/dev"]
-        for device in _DEVICES:
-            args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-            args += ["--symlink", target, f"/dev/{name}"]
-        return args + ["--size", str(self.write_bytes), "--perms", "1777", "--tmpfs", _PRIVATE_DIR,
-                       "--perms", "0755", "--dir", "/var", "--symlink", _PRIVATE_DIR, "/var/tmp",
-                       "--symlink", _PRIVATE_DIR, "/dev/shm", "--remount-ro", "/", "--chdir", _PRIVATE_DIR, "--"]
+        for kind, path, *extra in self._layout:
+            args += {"dir": ["--perms", "0755", "--dir", path], "proc": ["--proc", path],
+                     "ro-bind": ["--ro-bind", path, path], "dev-bind": ["--dev-bind", path, path],
+                     "symlink": ["--symlink", *extra, path],
+                     "tmpfs": ["--size", str(*extra), "--perms", "1777", "--tmpfs", path]}[kind]
+        return args + ["--remount-ro", "/", "--chdir", _PRIVATE_DIR, "--"]
 
     def _drops_user(self, mode: str) -> bool:
         """Whether the code runs as ``self.user`` (only root can switch)."""
@@ -245,8 +319,8 @@ class PythonSandbox:
 
     def _process_limit(self, mode: str) -> int:
         """RLIMIT_NPROC counts every process of the real user: ``nobody`` starts near zero,
-        the host user already owns some."""
-        if self._drops_user(mode):
+        the host user already owns some. Root is exempt from it: no need to count."""
+        if self._drops_user(mode) or os.getuid() == 0:
             return self.max_processes
         return _tasks_of_user(os.getuid()) + self.max_processes
 
@@ -294,74 +368,93 @@ class PythonSandbox:
             self.stats["errors"] += errors
             self.stats["timeouts"] += timeouts
 
-    def _probe(self) -> str:
-        """The strongest isolation mode that runs ``print(6 * 7)`` on this host (cached)."""
+    def _probe(self) -> tuple[str, str]:
+        """The strongest isolation mode that runs ``6 * 7`` on this host, and why the stronger
+        ones did not (cached)."""
         key = (os.geteuid(), self.user.pw_uid, self.python)
         with _PROBE_LOCK:
             if key not in _PROBED:
-                _PROBED[key] = mode = next(mode for mode in _candidate_modes() if self._works(mode))
-                if mode == "bubblewrap":
-                    log.info("python sandbox: isolation 'bubblewrap' (private filesystem, no network)")
-                else:
-                    log.warning("python sandbox: bubblewrap is missing or does not work here (install the "
-                                "'bubblewrap' package); isolation '%s' lacks %s: the code can reach host unix "
-                                "sockets, and what it writes to /tmp, /var/tmp and /dev/shm outlives the call "
-                                "(each file capped, the total not)", mode, _LOST[mode])
+                failures = [] if _which_or_none("bwrap") else ["bwrap is not installed"]
+                for mode in _candidate_modes():
+                    failure = self._failure(mode)
+                    if not failure:
+                        break
+                    failures.append(f"{mode} failed: {failure}")
+                _PROBED[key] = mode, "; ".join(failures)
+                if mode in PRIVATE_ROOT_MODES:
+                    log.info("python sandbox: isolation '%s' (private root, private capped /tmp, no network)", mode)
         return _PROBED[key]
 
-    def _works(self, mode: str) -> bool:
+    def _failure(self, mode: str) -> str:
+        """How ``mode`` fails to run ``6 * 7`` here (its last line of output), or "" when it works."""
         if mode == "none":
-            return True
+            return ""
         try:
-            works = self._execute("6 * 7", mode, timeout=30.0) == "42"
-        except OSError:
-            works = False
+            text = self._execute("6 * 7", mode, timeout=30.0)
+        except OSError as err:
+            text = f"{type(err).__name__}: {err}"
         self.stats.update(calls=0, errors=0, timeouts=0)
-        return works
+        return "" if text == "42" else (text.strip().splitlines() or ["no output"])[-1]
+
+
+def _warn_once(mode: str, failures: str) -> None:
+    """The warning at start (once per process and mode) of a mode without a private root: what
+    it lacks, why it is used (``failures`` of the stronger modes; "" when chosen) and how to get
+    a private root."""
+    with _PROBE_LOCK:
+        if mode in _WARNED:
+            return
+        _WARNED.add(mode)
+    if not failures:
+        why = f"it was chosen (isolation={mode!r}); 'auto' picks the strongest mode that works"
+    else:
+        why = f"no stronger mode works here ({failures})"
+    log.warning("python sandbox: isolation '%s' lacks %s; %s. Install bubblewrap (`apt-get install bubblewrap` on "
+                "Debian/Ubuntu, `dnf install bubblewrap` on Fedora) or allow namespaces, and run untrusted models "
+                "only where one of these works (docs/tools.md).", mode, _LOST[mode], why)
 
 
 def _candidate_modes() -> list[str]:
-    have = {tool: shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin") for tool in ("bwrap", "unshare", "setpriv", "mount")}
+    have = {tool: _which_or_none(tool) for tool in ("bwrap", "unshare", "setpriv")}
     if os.geteuid() == 0:
-        modes = (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (
-            ["namespaces"] if have["unshare"] and have["setpriv"] and have["mount"] else [])
+        modes = (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (["namespaces"] if have["unshare"] else [])
         return modes + (["nobody"] if have["setpriv"] else []) + ["none"]
     return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else []) + ["none"]
 
 
+def _which_or_none(tool: str) -> str | None:
+    return shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
 def _which(tool: str) -> str:
-    path = shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    path = _which_or_none(tool)
     if path is None:
         raise FileNotFoundError(f"{tool} not found")
     return path
 
 
-def _expose_python_script(staging: str) -> str:
-    """Shell lines that hide every non-world-traversable ancestor of the Python install (e.g.
-    ``/root``) under an empty tmpfs and bind the install back, so ``nobody`` can run Python but
-    cannot see the rest of that folder (caches, credentials)."""
-    lines, count = [], 0
-    for blocker, paths in _blocked_python_paths().items():
-        stages = [f"{staging}/{count + i}" for i in range(len(paths))]
-        count += len(paths)
-        for path, stage in zip(paths, stages):
-            lines += [f"mkdir {shlex.quote(stage)}", f"mount --rbind {shlex.quote(path)} {shlex.quote(stage)}"]
-        lines.append(f"mount -t tmpfs -o mode=0755,size=1m aepo-sandbox {shlex.quote(blocker)}")
-        for path, stage in zip(paths, stages):
-            lines += [f"mkdir -p {shlex.quote(path)}", f"mount --move {shlex.quote(stage)} {shlex.quote(path)}"]
-    return "".join(line + "\n" for line in lines)
-
-
-def _blocked_python_paths() -> dict[str, list[str]]:
-    """{shallowest ancestor others cannot traverse: [import roots under it]}."""
-    roots = _outermost([sys.base_prefix, sys.prefix, *sys.path])
-    blocked: dict[str, list[str]] = {}
-    for root in roots:
-        for ancestor in reversed(Path(root).parents):
-            if ancestor != Path("/") and not os.stat(ancestor).st_mode & 0o001:
-                blocked.setdefault(str(ancestor), []).append(root)
-                break
-    return blocked
+def _root_layout(python: str, write_bytes: int) -> list[tuple]:
+    """The private root of every mode in ``PRIVATE_ROOT_MODES``, as ``(kind, path, *extra)``
+    entries built in order: the system's runtime read-only (``/usr``, the ``/bin`` and ``/lib``
+    links or folders, the ``_ETC`` part of ``/etc``), one tmpfs of ``write_bytes`` at ``/tmp``,
+    the Python install read-only with its parents as bare traversable folders (so nothing else
+    of e.g. ``/root``; after the tmpfs, so an install under ``/tmp`` stays visible), a fresh
+    ``/proc``, the basic devices, and ``/var/tmp`` and ``/dev/shm`` linked to ``/tmp``."""
+    layout = [("dir", "/etc")]  # traversable (bwrap would make the parent of its files 0700)
+    for path in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", *(f"/etc/{n}" for n in _ETC)]:
+        if os.path.islink(path):  # merged-/usr links; /etc/localtime
+            layout.append(("symlink", path, os.readlink(path)))
+        elif os.path.exists(path):
+            layout.append(("ro-bind", path))
+    layout.append(("tmpfs", _PRIVATE_DIR, write_bytes))
+    for root in _outermost(_python_install_roots(python)):
+        if not (root == "/usr" or root.startswith("/usr/")):
+            layout += [("dir", str(ancestor)) for ancestor in reversed(Path(root).parents[:-1])]
+            layout.append(("ro-bind", root))
+    layout += [("proc", "/proc"), ("dir", "/dev"), *(("dev-bind", f"/dev/{device}") for device in _DEVICES)]
+    layout += [("symlink", f"/dev/{name}", target) for name, target in (
+        ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))]
+    return layout + [("dir", "/var"), ("symlink", "/var/tmp", _PRIVATE_DIR), ("symlink", "/dev/shm", _PRIVATE_DIR)]
 
 
 def _python_install_roots(python: str) -> list[str]:
