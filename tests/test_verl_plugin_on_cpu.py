@@ -206,3 +206,25 @@ def test_other_loss_modes_pass_through_verls_ppo_loss_untouched():
     original, _ = plugin_loss._ORIGINAL_PPO_LOSS(*args, _verl_data(lengths, mask, old, adv, prompt))
     assert plugin_loss._ORIGINAL_PPO_LOSS is not plugin_loss.ppo_loss
     assert torch.equal(wrapped, original)
+
+
+def test_bf16_log_probs_and_entropies_are_upcast_before_the_entropy_statistics():
+    """Under bf16 mixed precision verl hands the loss bf16 log-probs and entropies (review M3). The plugin
+    computes the entropy-aware advantage and the ratio in fp32: the masked mean of 1 + a·z stays 1 (it is
+    1 by construction of z), and the loss equals the native fp32 loss on the same bf16-rounded values."""
+    import verl.workers.engine_workers as engine_workers
+
+    lengths, mask, old, logp, adv, entropy, prompt = _batch()
+    old, logp, entropy = (x.to(torch.bfloat16) for x in (old, logp, entropy))
+    leaf = logp.clone().requires_grad_(True)
+    output = {"log_probs": _flat(leaf, lengths, prompt), "entropy": _flat(entropy, lengths, prompt)}
+    loss, metrics = engine_workers.ppo_loss(_actor_config("aepo", "token-mean", entropy_adv_coef=1.0), output,
+                                            _verl_data(lengths, mask, old, adv, prompt))
+    scale = metrics["actor/entropy_adv_scale/mean"]
+    assert abs(float(scale.values[0]) - 1.0) < 1e-5, scale.values
+    cfg = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, entropy_adv_scope="micro-batch",
+                          entropy_adv_coef=1.0)
+    ref, _ = aepo_policy_loss(old.float(), logp.float(), adv, mask, "token-mean", cfg, entropy.float())
+    assert loss.dtype == torch.float32 and torch.allclose(loss, ref, atol=TOL, rtol=0), (loss, ref)
+    loss.backward()
+    assert leaf.grad.dtype == torch.bfloat16 and leaf.grad.abs().sum() > 0
