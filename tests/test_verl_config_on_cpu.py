@@ -110,3 +110,33 @@ def test_a_plain_policy_loss_config_without_the_plus_is_refused_by_hydra():
     overrides = [o.lstrip("+") if "entropy_adv_coef" in o else o for o in script_overrides("run_qwen3_0.6b_1gpu.sh")]
     with pytest.raises(ConfigCompositionException):
         compose(overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.name=sglang", "rollout.name=sglang: .*include_stop_str_in_output.*name=vllm"),
+    ("trainer.v1.trainer_mode=colocate_async", "trainer_mode=colocate_async: .*aborted request fails the whole"),
+    ("trainer.v1.trainer_mode=separate_async", "trainer_mode=separate_async"),
+    ("trainer.use_v1=false", "trainer.use_v1=false: aepo_tree needs"),
+    ("actor_rollout_ref.rollout.full_determinism=true", "full_determinism=true: .*share one id"),
+    ("distillation.enabled=true", "distillation.enabled=true with actor.policy_loss.loss_mode=aepo"),
+    ("+actor_rollout_ref.rollout.custom.aepo.branch_thresold=0.5", "unknown key.*custom.aepo.branch_thresold"),
+])
+def test_main_ppos_validate_config_refuses_what_the_plugin_cannot_run(override, message):
+    """The plugin wraps verl's validate_config (what main_ppo calls before it starts Ray): SGLang (review H1),
+    the async trainer modes (M1), the legacy trainer, full determinism (L2), distillation (L7) and a bad
+    custom.aepo key stop the run at start with the key and the fix."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from aepo_rl.config import ConfigError
+
+    config = compose(smoke_overrides() + [override])
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+
+
+def test_main_ppo_itself_uses_the_checked_validate_config():
+    import verl.trainer.main_ppo as main_ppo
+
+    assert getattr(main_ppo.validate_config, "__aepo_wrapper__", False)

@@ -44,6 +44,44 @@ def test_bare_import_of_verl_registers_everything_through_the_entry_point():
     assert off.stdout.split("\n")[-2].startswith("[] [] verl.workers.utils.losses False True"), off.stdout
 
 
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_import_verl_does_not_import_the_agent_loop_stack():
+    """The loops are registered by name (review M2): a process that only imports verl (vLLM's engine
+    processes, the FSDP worker, the model merger) loads neither verl's agent-loop module nor the plugin's
+    loops; the registry entries appear when verl's module is imported, and verl's worker builds a loop."""
+    out = _fresh("import sys, verl\n"
+                 "print('verl.experimental.agent_loop.agent_loop' in sys.modules,\n"
+                 "      'aepo_rl.integrations.verl.agent_loop' in sys.modules)\n"
+                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
+                 "print(A['aepo_tree'], 'aepo_rl.integrations.verl.agent_loop' in sys.modules)\n"
+                 "import hydra.utils\n"
+                 "print(hydra.utils.get_class(A['aepo_tree']['_target_']).__name__)\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-3:] == [
+        "False False", "{'_target_': 'aepo_rl.integrations.verl.agent_loop.AEPOTreeAgentLoop'} False",
+        "AEPOTreeAgentLoop"], out.stdout
+
+
+@pytest.mark.parametrize("first", ["aepo_rl.integrations.verl.loss", "aepo_rl.integrations.verl.agent_loop"])
+def test_importing_the_plugins_modules_before_verl_raises_no_false_alarm(first):
+    """Review L1: importing loss (or agent_loop) first makes verl load the plugin while that module is half
+    initialised; the plugin no longer reports it as a failed registration, and the end state is right."""
+    out = _fresh(f"import {first}\n"
+                 "import verl\n"
+                 "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as L\n"
+                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
+                 "from aepo_rl.integrations.verl import loss, plugin\n"
+                 "plugin.check_registrations()\n"
+                 "print('aepo' in L and 'gppo' in L, 'aepo_tree' in A and 'aepo_chain' in A, loss.installed())\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "failed to load" not in out.stderr, out.stderr
+    assert out.stdout.splitlines()[-1] == "True True True", out.stdout
+
+
 def test_version_gate_names_the_range_and_the_fix():
     from aepo_rl.integrations.verl import VerlVersionError, require_verl
 
