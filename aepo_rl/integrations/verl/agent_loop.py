@@ -289,7 +289,7 @@ class TreeCoordinator:
 
     def __init__(self, max_workers: int = 64):
         self._trees: dict[tuple, _Tree] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
 
     def __len__(self) -> int:
         return len(self._trees)
@@ -309,7 +309,7 @@ class TreeCoordinator:
             self._prune(key[1])
             engine, grow = build()
             loop = asyncio.get_running_loop()
-            tree = _Tree(n, loop.run_in_executor(self._pool, grow), engine=engine)
+            tree = _Tree(n, loop.run_in_executor(self.pool, grow), engine=engine)
             self._trees[key] = tree
         elif tree.n != n:
             raise ValueError(f"aepo_tree: sessions of prompt {key[0]} disagree on n ({tree.n} vs {n})")
@@ -353,10 +353,11 @@ def coordinator(max_workers: int = 64) -> TreeCoordinator:
 # ---------------------------------------------------------------------------------- the agent loops
 
 def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, prompt_ids: list[int],
-                seconds: float, steps: list, response_length: int) -> AgentLoopOutput:
+                seconds: float, steps: list, response_length: int, step_of_prompt=None) -> AgentLoopOutput:
     """One leaf as verl's AgentLoopOutput: the engine's token ids (prefix + own tokens, tool results
     included), response mask 0 on tool results, the sampled log-probs (0 on tool results), tree
-    metadata in ``extra_fields``."""
+    metadata in ``extra_fields``. ``min/max_global_steps`` span the weight versions the server reported,
+    else ``step_of_prompt`` (verl's V1 trainer builds an int array of them and cannot take None)."""
     depth, parent = 0, traj.parent_id
     while parent is not None:
         depth, parent = depth + 1, group[parent].parent_id
@@ -372,6 +373,7 @@ def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, 
         "aepo_finish_reason": traj.finish_reason,
         "turn_scores": [], "tool_rewards": [],
     }
+    steps = list(steps) or ([step_of_prompt] if step_of_prompt is not None else [])
     if steps:  # the weight versions of the whole tree's generation (staleness control of verl's async modes)
         extra["min_global_steps"], extra["max_global_steps"] = min(steps), max(steps)
     return AgentLoopOutput(
@@ -409,7 +411,7 @@ class _AEPOLoopBase(AgentLoopBase):
         return params, extra
 
     def _grow(self, engine: VerlServerEngine, prompt_ids: list[int], uid: str, params: SamplingParams,
-              seed: int):
+              seed: int, step_of_prompt=None):
         from aepo_rl.rollout.tree import run_rollout
 
         def grow():
@@ -423,7 +425,7 @@ class _AEPOLoopBase(AgentLoopBase):
             seconds = time.perf_counter() - t0
             group, m = result.groups[0], result.global_samples[0] if result.global_samples else 1
             return [leaf_output(t, group, m, prompt_ids, seconds, engine.global_steps,
-                                self.settings.rollout.max_response_length) for t in group]
+                                self.settings.rollout.max_response_length, step_of_prompt) for t in group]
 
         return grow
 
@@ -452,7 +454,7 @@ class AEPOTreeAgentLoop(_AEPOLoopBase):
 
         def build():
             engine = self._engine(uid, extra)
-            return engine, self._grow(engine, prompt_ids, uid, params, _seed(uid, steps))
+            return engine, self._grow(engine, prompt_ids, uid, params, _seed(uid, steps), kwargs.get("global_steps"))
 
         return await coordinator(self.settings.max_concurrent_trees).leaf(
             (uid, steps), session_id, n, build, self.settings.tree_timeout)
@@ -471,7 +473,8 @@ class AEPOChainAgentLoop(_AEPOLoopBase):
         prompt_ids = await self._prompt_ids(kwargs)
         params, extra = self._sampling(sampling_params)
         engine = self._engine(f"{uid}/{session}", extra)
-        grow = self._grow(engine, prompt_ids, uid, params, _seed(uid, session))
-        leaves = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, grow),
+        grow = self._grow(engine, prompt_ids, uid, params, _seed(uid, session), kwargs.get("global_steps"))
+        pool = coordinator(self.settings.max_concurrent_trees).pool  # not the loop's default executor (verl's)
+        leaves = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, grow),
                                         self.settings.tree_timeout)
         return leaves[0]
