@@ -266,3 +266,38 @@ def test_bf16_log_probs_and_entropies_are_upcast_before_the_entropy_statistics()
     assert loss.dtype == torch.float32 and torch.allclose(loss, ref, atol=TOL, rtol=0), (loss, ref)
     loss.backward()
     assert leaf.grad.dtype == torch.bfloat16 and leaf.grad.abs().sum() > 0
+
+
+def test_rollout_metrics_reduce_the_leaves_extra_fields():
+    from aepo_rl.integrations.verl.metrics import rollout_metrics
+
+    def leaf(traj, parent, depth, m, branches, calls, errors, reason):
+        return {"aepo_traj_id": traj, "aepo_parent_id": parent, "aepo_depth": depth, "aepo_global_samples": m,
+                "aepo_branches": branches, "aepo_num_tool_calls": calls, "aepo_tool_errors": errors,
+                "aepo_finish_reason": reason}
+
+    uids = ["a"] * 4 + ["b"] * 4 + ["c"]
+    extra = [leaf(0, -1, 0, 2, 2, 1, 0, "answer"), leaf(1, -1, 0, 2, 2, 2, 1, "answer"),
+             leaf(2, 0, 1, 2, 2, 2, 0, "length"), leaf(3, 2, 2, 2, 2, 3, 1, "answer"),
+             leaf(0, -1, 0, 4, 0, 0, 0, "eos"), leaf(1, -1, 0, 4, 0, 0, 0, "eos"),
+             leaf(2, -1, 0, 4, 0, 1, 1, "answer"), leaf(3, -1, 0, 4, 0, 0, 0, "eos"),
+             {"turn_scores": []}]  # a leaf of another agent loop: ignored
+    out = rollout_metrics(uids, extra)
+    assert out == {"rollout/aepo/global_samples": 3.0, "rollout/aepo/branches_per_prompt": 1.0,
+                   "rollout/aepo/depth/mean": 3 / 8, "rollout/aepo/depth/max": 2.0,
+                   "rollout/aepo/tool_calls_per_leaf": 9 / 8, "rollout/aepo/tool_errors_per_leaf": 3 / 8,
+                   "rollout/aepo/tool_error_share": 3 / 9, "rollout/aepo/finish/answer": 4 / 8,
+                   "rollout/aepo/finish/length": 1 / 8, "rollout/aepo/finish/eos": 3 / 8}
+    assert rollout_metrics(["x"], [{"turn_scores": []}]) == {}
+
+
+def test_verls_sync_trainer_logs_the_rollout_metrics():
+    """After a plain import verl, the trainer main_ppo gets for trainer_mode=sync is verl's, extended by the
+    plugin (only once verl itself imports it) to add the rollout metrics when the AEPO loops are in use."""
+    out = _fresh("import sys, verl\n"
+                 "print('verl.trainer.ppo.v1.trainer_sync' in sys.modules)\n"
+                 "from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls\n"
+                 "cls = get_trainer_cls('sync')\n"
+                 "print(cls.__name__, cls.__mro__[1] is PPOTrainerSync, '_compute_metrics' in vars(cls))\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-2:] == ["False", "AEPOMetricsPPOTrainerSync True True"], out.stdout

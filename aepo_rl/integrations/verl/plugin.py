@@ -4,7 +4,8 @@ It registers the ``aepo``/``gppo`` policy losses, installs the entropy-forwardin
 start-up config check (:mod:`.checks`), and registers the ``aepo_tree``/``aepo_chain`` agent loops *by
 name*: their entries (``{"_target_": <class path>}``, all verl's ``register`` stores) go into verl's
 agent-loop registry when verl's agent-loop module is imported, and verl imports the loops' module only
-when a worker instantiates one. So a process that never runs an agent loop (vLLM's engine processes,
+when a worker instantiates one. Likewise, when verl imports its sync trainer, the plugin extends it to
+log AEPO's rollout metrics (:mod:`.metrics`). So a process that never runs an agent loop (vLLM's engine processes,
 the FSDP worker, the model merger) never imports the agent-loop stack. Then it checks all of it,
 because verl logs a failing plugin only at DEBUG level: a failure is also written to stderr here
 before it is raised.
@@ -21,6 +22,7 @@ AGENT_LOOPS = {"aepo_tree": "aepo_rl.integrations.verl.agent_loop.AEPOTreeAgentL
                "aepo_chain": "aepo_rl.integrations.verl.agent_loop.AEPOChainAgentLoop"}
 EXPECTED_AGENT_LOOPS = tuple(AGENT_LOOPS)
 VERL_AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+VERL_TRAINER_SYNC_MODULE = "verl.trainer.ppo.v1.trainer_sync"
 LOSS_MODULE = "aepo_rl.integrations.verl.loss"
 
 
@@ -30,36 +32,53 @@ def register_agent_loops(module) -> None:
         module._agent_loop_registry.setdefault(name, {"_target_": target})
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`register_agent_loops` right after verl's agent-loop module has executed."""
+def _install_metrics(module) -> None:
+    from aepo_rl.integrations.verl import metrics
+
+    metrics.install(module)
+
+
+AFTER_IMPORT = {VERL_AGENT_LOOP_MODULE: register_agent_loops, VERL_TRAINER_SYNC_MODULE: _install_metrics}
+"""verl modules the plugin extends, and how, right after verl itself imports them (never earlier)."""
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``AFTER_IMPORT[name](module)`` right after the module ``name`` has executed."""
+
+    busy = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != VERL_AGENT_LOOP_MODULE:
+        hook = AFTER_IMPORT.get(fullname)
+        if hook is None or self.busy:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
         if spec is None or spec.loader is None:
             return spec
         execute = spec.loader.exec_module
 
         def exec_module(module):
             execute(module)
-            register_agent_loops(module)
+            hook(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-def lazy_register_agent_loops() -> None:
-    module = sys.modules.get(VERL_AGENT_LOOP_MODULE)
-    if module is not None and hasattr(module, "_agent_loop_registry"):
-        register_agent_loops(module)
-    elif not any(isinstance(finder, _RegisterOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterOnImport())
+def install_after_import_hooks() -> None:
+    """Extend the modules of AFTER_IMPORT now if verl has imported them, else when it does."""
+    for name, hook in AFTER_IMPORT.items():
+        if name in sys.modules and not _initialising(name):
+            hook(sys.modules[name])
+    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
 
 
 def _agent_loops_pending() -> bool:
-    return any(isinstance(finder, _RegisterOnImport) for finder in sys.meta_path)
+    return any(isinstance(finder, _AfterImport) for finder in sys.meta_path)
 
 
 def check_registrations() -> None:
@@ -83,6 +102,17 @@ def check_registrations() -> None:
                            "at the same version on every node (docs/verl.md)")
 
 
+def register_resolvers() -> None:
+    """``${aepo_reward_file:}`` (config/aepo_trainer.yaml): the path of the plugin's reward function file."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("aepo_reward_file"):
+        import os
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        OmegaConf.register_new_resolver("aepo_reward_file", lambda: os.path.join(here, "reward.py"))
+
+
 def _initialising(name: str) -> bool:
     """``name`` is being imported right now (it imported verl, which ran this plugin)."""
     module = sys.modules.get(name)
@@ -93,7 +123,8 @@ def _load() -> None:
     from aepo_rl.integrations.verl import require_verl
 
     require_verl()
-    lazy_register_agent_loops()
+    install_after_import_hooks()
+    register_resolvers()
     from aepo_rl.integrations.verl import checks
 
     checks.install()
