@@ -239,6 +239,9 @@ class HFServer:
         change = max(float((own[k] - self.initial[k]).abs().max()) for k in state)
         self.global_steps = global_steps
         _record("weights.jsonl", {"global_steps": global_steps, "tensors": len(state), "max_abs_change": change})
+        out = os.environ.get("AEPO_E2E_DIR")
+        if out:  # the latest weights, for the test's comparison with verl's merged checkpoint
+            torch.save({k: v.clone() for k, v in own.items()}, os.path.join(out, "rollout_weights.pt"))
 
     async def set_global_steps(self, global_steps):
         self.global_steps = global_steps
@@ -378,9 +381,10 @@ def _spy_manager_class():
 # ---------------------------------------------------------------------------------- reward
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """The plugin's reward (aepo_rl.integrations.verl.reward) plus 1 for a response holding an answer
-    block. The tiny random model never answers right, so every group would score 0 and GRPO's
-    advantages (hence the policy gradient) would be 0; the bonus makes them differ within a group."""
+    """The plugin's reward (aepo_rl.integrations.verl.reward) plus 0.01 per character of the response.
+    The tiny random model never answers right, so a group's §3 scores are usually all equal and GRPO's
+    advantages (hence the policy gradient) 0; the leaves of a tree differ in length, so with the length
+    term they do not."""
     from aepo_rl.integrations.verl.reward import compute_score as aepo_score
 
-    return aepo_score(data_source, solution_str, ground_truth, extra_info, **kwargs) + float("<answer>" in solution_str)
+    return aepo_score(data_source, solution_str, ground_truth, extra_info, **kwargs) + 0.01 * len(solution_str)
