@@ -230,6 +230,32 @@ def test_global_step_tags_are_set_when_the_server_reports_none(steered, tokenize
     assert {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in outputs} == {(STEPS, STEPS)}
 
 
+def test_tree_timings_split_server_time_from_the_rest(steered, tokenizer, echo_task):
+    """Review L8: verl's agent_loop/* timings get the tree's time waiting for the server as
+    generate_sequences and the rest (tools, controller) as tool_calls, no longer all as generation."""
+    outputs = asyncio.run(sessions(["t"], trainer_config(), HFServer(steered, tokenizer), tokenizer))
+    timings = {(o.metrics.generate_sequences, o.metrics.tool_calls) for o in outputs}
+    assert len(timings) == 1  # one tree, one timing
+    generate, tools = timings.pop()
+    assert generate > 0 and tools > 0
+
+
+def test_a_validation_row_on_the_tree_loop_warns():
+    """Review L5: validation sampling (val_kwargs.temperature) reaching aepo_tree is named in a warning."""
+    from omegaconf import OmegaConf
+
+    from aepo_rl.integrations.verl.agent_loop import _warn_if_validation
+
+    rollout = OmegaConf.create({"temperature": 1.0, "val_kwargs": {"temperature": 0}})
+    with pytest.warns(UserWarning, match="agent_name=aepo_chain"):
+        _warn_if_validation(rollout, {"temperature": 0.0})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_validation(rollout, {"temperature": 1.0})  # training sampling: silent
+
+
 def test_chain_sessions_are_independent_greedy_trajectories(steered, tokenizer, echo_task, monkeypatch):
     import threading
 
