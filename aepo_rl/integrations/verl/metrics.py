@@ -56,7 +56,7 @@ def _as_list(values) -> list:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
-def install(trainer_sync_module=None) -> None:
+def install(_trainer_sync_module=None) -> None:
     """Replace verl's registered ``sync`` trainer by a subclass whose ``_compute_metrics`` adds
     :func:`rollout_metrics` when the AEPO agent loops are in use (idempotent). The plugin runs it right
     after verl imports ``verl.trainer.ppo.v1.trainer_sync``."""
