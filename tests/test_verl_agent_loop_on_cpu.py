@@ -33,8 +33,9 @@ class HFServer:
     sampled tokens (stop string included) and their log-probs, stop_reason "completed" as verl's vLLM
     server reports both stop and length. ``fail`` / ``hang``: request ids that raise / never answer."""
 
-    def __init__(self, model, tokenizer, fail=(), hang=()):
+    def __init__(self, model, tokenizer, fail=(), hang=(), report_steps=True):
         self.engine = HFEngine(model, tokenizer, seed=3)
+        self.report_steps = report_steps
         self.calls: list[tuple[str, list[int], dict]] = []
         self.fail, self.hang = set(fail), set(hang)
 
@@ -55,7 +56,7 @@ class HFServer:
         segment = self.engine.generate([seq], params, [sampling_params["max_tokens"]])[0]
         self.engine.release(seq)
         return TokenOutput(token_ids=segment.token_ids, log_probs=segment.logprobs, stop_reason="completed",
-                           extra_fields={"global_steps": STEPS})
+                           extra_fields={"global_steps": STEPS} if self.report_steps else {})
 
 
 class SteeredAnyVersion(SteeredQwen3):
@@ -221,7 +222,49 @@ def test_a_failing_or_hanging_tree_fails_its_sessions_without_stopping_the_other
     assert all(len(c) == 0 for c in agent_loop._COORDINATORS.values())
 
 
-def test_chain_sessions_are_independent_greedy_trajectories(steered, tokenizer, echo_task):
+def test_global_step_tags_are_set_when_the_server_reports_none(steered, tokenizer, echo_task):
+    """Review L3: verl's V1 trainer builds an int array of every leaf's min/max_global_steps; a server that
+    reports no weight version leaves the prompt's global_steps there, never None."""
+    outputs = asyncio.run(sessions(["q"], trainer_config(), HFServer(steered, tokenizer, report_steps=False), tokenizer))
+    assert not [o for o in outputs if isinstance(o, BaseException)], outputs
+    assert {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in outputs} == {(STEPS, STEPS)}
+
+
+def test_tree_timings_split_server_time_from_the_rest(steered, tokenizer, echo_task):
+    """Review L8: verl's agent_loop/* timings get the tree's time waiting for the server as
+    generate_sequences and the rest (tools, controller) as tool_calls, no longer all as generation."""
+    outputs = asyncio.run(sessions(["t"], trainer_config(), HFServer(steered, tokenizer), tokenizer))
+    timings = {(o.metrics.generate_sequences, o.metrics.tool_calls) for o in outputs}
+    assert len(timings) == 1  # one tree, one timing
+    generate, tools = timings.pop()
+    assert generate > 0 and tools > 0
+
+
+def test_a_validation_row_on_the_tree_loop_warns():
+    """Review L5: validation sampling (val_kwargs.temperature) reaching aepo_tree is named in a warning."""
+    from omegaconf import OmegaConf
+
+    from aepo_rl.integrations.verl.agent_loop import _warn_if_validation
+
+    rollout = OmegaConf.create({"temperature": 1.0, "val_kwargs": {"temperature": 0}})
+    with pytest.warns(UserWarning, match="agent_name=aepo_chain"):
+        _warn_if_validation(rollout, {"temperature": 0.0})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_validation(rollout, {"temperature": 1.0})  # training sampling: silent
+
+
+def test_chain_sessions_are_independent_greedy_trajectories(steered, tokenizer, echo_task, monkeypatch):
+    import threading
+
+    from aepo_rl.rollout import tree
+
+    threads = []
+    real = tree.run_rollout
+    monkeypatch.setattr(tree, "run_rollout", lambda *a, **k: threads.append(threading.current_thread().name)
+                        or real(*a, **k))
     server = HFServer(steered, tokenizer)
     sampling = dict(SAMPLING, temperature=0)
 
@@ -235,6 +278,8 @@ def test_chain_sessions_are_independent_greedy_trajectories(steered, tokenizer, 
     assert a.response_ids == b.response_ids and a.extra_fields["aepo_parent_id"] == -1
     assert {c[2]["temperature"] for c in server.calls} == {0.0}
     assert {c[0] for c in server.calls} == {"v/0", "v/1"}
+    # grown in the coordinator's pool, not the event loop's default executor verl shares (review L6)
+    assert len(threads) == 2 and all(name.startswith("aepo-tree") for name in threads), threads
 
 
 def test_custom_keys_are_checked_with_their_verl_names():

@@ -78,6 +78,7 @@ def test_example_overrides_compose_and_pass_verls_validation(name):
     assert isinstance(actor.policy_loss, AEPOPolicyLossConfig)
     assert actor.policy_loss.loss_mode == "aepo" and actor.policy_loss.entropy_adv_coef == 0.2
     assert actor.calculate_entropy and actor.clip_ratio_c == 3.0
+    assert actor.fsdp_config.entropy_from_logits_with_chunking  # fp32 entropies (review M3)
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     settings = loop_settings(rollout)  # the agent loop's own check of custom.aepo
     assert settings.rollout.entropy_measure == "surprisal" and settings.tools == ("search", "python")
@@ -110,3 +111,89 @@ def test_a_plain_policy_loss_config_without_the_plus_is_refused_by_hydra():
     overrides = [o.lstrip("+") if "entropy_adv_coef" in o else o for o in script_overrides("run_qwen3_0.6b_1gpu.sh")]
     with pytest.raises(ConfigCompositionException):
         compose(overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.rollout.name=sglang", "rollout.name=sglang: .*include_stop_str_in_output.*name=vllm"),
+    ("trainer.v1.trainer_mode=colocate_async", "trainer_mode=colocate_async: .*aborted request fails the whole"),
+    ("trainer.v1.trainer_mode=separate_async", "trainer_mode=separate_async"),
+    ("trainer.use_v1=false", "trainer.use_v1=false: aepo_tree needs"),
+    ("actor_rollout_ref.rollout.full_determinism=true", "full_determinism=true: .*share one id"),
+    ("distillation.enabled=true", "distillation.enabled=true with actor.policy_loss.loss_mode=aepo"),
+    ("+actor_rollout_ref.rollout.custom.aepo.branch_thresold=0.5", "unknown key.*custom.aepo.branch_thresold"),
+])
+def test_main_ppos_validate_config_refuses_what_the_plugin_cannot_run(override, message):
+    """The plugin wraps verl's validate_config (what main_ppo calls before it starts Ray): SGLang (review H1),
+    the async trainer modes (M1), the legacy trainer, full determinism (L2), distillation (L7) and a bad
+    custom.aepo key stop the run at start with the key and the fix."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from aepo_rl.config import ConfigError
+
+    config = compose(smoke_overrides() + [override])
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+
+
+def test_main_ppo_itself_uses_the_checked_validate_config():
+    import verl.trainer.main_ppo as main_ppo
+
+    assert getattr(main_ppo.validate_config, "__aepo_wrapper__", False)
+
+
+def _leaves(node, prefix=""):
+    from omegaconf import DictConfig
+
+    for key, value in node.items():
+        if isinstance(value, DictConfig):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def test_the_hydra_config_extends_ppo_trainer_with_the_8gpu_scripts_settings():
+    """config/aepo_trainer.yaml (defaults: [ppo_trainer, _self_]) composes with one --config-name, passes
+    verl's validate_config and the plugin's check, and sets every key it names as the release script does."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    import aepo_rl.integrations.verl as plugin_package
+    from aepo_rl.integrations.verl.loss import AEPOPolicyLossConfig
+
+    config_dir = Path(plugin_package.__file__).parent / "config"
+    own = OmegaConf.load(config_dir / "aepo_trainer.yaml")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        config = hydra_compose(config_name="aepo_trainer", overrides=[
+            "data.train_files=/data/aepo/train.parquet", "data.val_files=/data/aepo/val.parquet",
+            "actor_rollout_ref.model.path=Qwen/Qwen3-8B", "trainer.n_gpus_per_node=8"])
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert Path(config.reward.custom_reward_function.path).read_text().startswith('"""verl\'s custom reward function')
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, AEPOPolicyLossConfig) and actor.policy_loss.entropy_adv_coef == 0.2
+    script = compose(script_overrides("run_qwen3_8b_8gpu.sh"))
+    keys = [k for k in _leaves(own) if not k.startswith(("hydra.", "defaults", "trainer.")) and k != "reward.custom_reward_function.path"]
+    assert len(keys) > 35
+    defaults = AEPOPolicyLossConfig()  # the knobs the script leaves at their defaults
+
+    def scripted(key):
+        value = OmegaConf.select(script, key)
+        if value is None and key.startswith("actor_rollout_ref.actor.policy_loss."):
+            return getattr(defaults, key.rsplit(".", 1)[1])
+        return value
+
+    differ = {k: (OmegaConf.select(config, k), scripted(k)) for k in keys if OmegaConf.select(config, k) != scripted(k)}
+    assert not differ, differ
+    # and every key the script sets, the config sets alike (paths, the model and trainer.* aside)
+    skip = ("trainer.", "data.train_files", "data.val_files", "actor_rollout_ref.model.path",
+            "reward.custom_reward_function.path")
+    missing = {k: (OmegaConf.select(config, k), OmegaConf.select(script, k))
+               for k in (o.split("=", 1)[0].lstrip("+") for o in script_overrides("run_qwen3_8b_8gpu.sh"))
+               if not k.startswith(skip) and OmegaConf.select(config, k) != OmegaConf.select(script, k)}
+    assert not missing, missing

@@ -44,6 +44,44 @@ def test_bare_import_of_verl_registers_everything_through_the_entry_point():
     assert off.stdout.split("\n")[-2].startswith("[] [] verl.workers.utils.losses False True"), off.stdout
 
 
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_import_verl_does_not_import_the_agent_loop_stack():
+    """The loops are registered by name (review M2): a process that only imports verl (vLLM's engine
+    processes, the FSDP worker, the model merger) loads neither verl's agent-loop module nor the plugin's
+    loops; the registry entries appear when verl's module is imported, and verl's worker builds a loop."""
+    out = _fresh("import sys, verl\n"
+                 "print('verl.experimental.agent_loop.agent_loop' in sys.modules,\n"
+                 "      'aepo_rl.integrations.verl.agent_loop' in sys.modules)\n"
+                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
+                 "print(A['aepo_tree'], 'aepo_rl.integrations.verl.agent_loop' in sys.modules)\n"
+                 "import hydra.utils\n"
+                 "print(hydra.utils.get_class(A['aepo_tree']['_target_']).__name__)\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-3:] == [
+        "False False", "{'_target_': 'aepo_rl.integrations.verl.agent_loop.AEPOTreeAgentLoop'} False",
+        "AEPOTreeAgentLoop"], out.stdout
+
+
+@pytest.mark.parametrize("first", ["aepo_rl.integrations.verl.loss", "aepo_rl.integrations.verl.agent_loop"])
+def test_importing_the_plugins_modules_before_verl_raises_no_false_alarm(first):
+    """Review L1: importing loss (or agent_loop) first makes verl load the plugin while that module is half
+    initialised; the plugin no longer reports it as a failed registration, and the end state is right."""
+    out = _fresh(f"import {first}\n"
+                 "import verl\n"
+                 "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as L\n"
+                 "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
+                 "from aepo_rl.integrations.verl import loss, plugin\n"
+                 "plugin.check_registrations()\n"
+                 "print('aepo' in L and 'gppo' in L, 'aepo_tree' in A and 'aepo_chain' in A, loss.installed())\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "failed to load" not in out.stderr, out.stderr
+    assert out.stdout.splitlines()[-1] == "True True True", out.stdout
+
+
 def test_version_gate_names_the_range_and_the_fix():
     from aepo_rl.integrations.verl import VerlVersionError, require_verl
 
@@ -206,3 +244,60 @@ def test_other_loss_modes_pass_through_verls_ppo_loss_untouched():
     original, _ = plugin_loss._ORIGINAL_PPO_LOSS(*args, _verl_data(lengths, mask, old, adv, prompt))
     assert plugin_loss._ORIGINAL_PPO_LOSS is not plugin_loss.ppo_loss
     assert torch.equal(wrapped, original)
+
+
+def test_bf16_log_probs_and_entropies_are_upcast_before_the_entropy_statistics():
+    """Under bf16 mixed precision verl hands the loss bf16 log-probs and entropies (review M3). The plugin
+    computes the entropy-aware advantage and the ratio in fp32: the masked mean of 1 + a·z stays 1 (it is
+    1 by construction of z), and the loss equals the native fp32 loss on the same bf16-rounded values."""
+    import verl.workers.engine_workers as engine_workers
+
+    lengths, mask, old, logp, adv, entropy, prompt = _batch()
+    old, logp, entropy = (x.to(torch.bfloat16) for x in (old, logp, entropy))
+    leaf = logp.clone().requires_grad_(True)
+    output = {"log_probs": _flat(leaf, lengths, prompt), "entropy": _flat(entropy, lengths, prompt)}
+    loss, metrics = engine_workers.ppo_loss(_actor_config("aepo", "token-mean", entropy_adv_coef=1.0), output,
+                                            _verl_data(lengths, mask, old, adv, prompt))
+    scale = metrics["actor/entropy_adv_scale/mean"]
+    assert abs(float(scale.values[0]) - 1.0) < 1e-5, scale.values
+    cfg = AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, entropy_adv_scope="micro-batch",
+                          entropy_adv_coef=1.0)
+    ref, _ = aepo_policy_loss(old.float(), logp.float(), adv, mask, "token-mean", cfg, entropy.float())
+    assert loss.dtype == torch.float32 and torch.allclose(loss, ref, atol=TOL, rtol=0), (loss, ref)
+    loss.backward()
+    assert leaf.grad.dtype == torch.bfloat16 and leaf.grad.abs().sum() > 0
+
+
+def test_rollout_metrics_reduce_the_leaves_extra_fields():
+    from aepo_rl.integrations.verl.metrics import rollout_metrics
+
+    def leaf(traj, parent, depth, m, branches, calls, errors, reason):
+        return {"aepo_traj_id": traj, "aepo_parent_id": parent, "aepo_depth": depth, "aepo_global_samples": m,
+                "aepo_branches": branches, "aepo_num_tool_calls": calls, "aepo_tool_errors": errors,
+                "aepo_finish_reason": reason}
+
+    uids = ["a"] * 4 + ["b"] * 4 + ["c"]
+    extra = [leaf(0, -1, 0, 2, 2, 1, 0, "answer"), leaf(1, -1, 0, 2, 2, 2, 1, "answer"),
+             leaf(2, 0, 1, 2, 2, 2, 0, "length"), leaf(3, 2, 2, 2, 2, 3, 1, "answer"),
+             leaf(0, -1, 0, 4, 0, 0, 0, "eos"), leaf(1, -1, 0, 4, 0, 0, 0, "eos"),
+             leaf(2, -1, 0, 4, 0, 1, 1, "answer"), leaf(3, -1, 0, 4, 0, 0, 0, "eos"),
+             {"turn_scores": []}]  # a leaf of another agent loop: ignored
+    out = rollout_metrics(uids, extra)
+    assert out == {"rollout/aepo/global_samples": 3.0, "rollout/aepo/branches_per_prompt": 1.0,
+                   "rollout/aepo/depth/mean": 3 / 8, "rollout/aepo/depth/max": 2.0,
+                   "rollout/aepo/tool_calls_per_leaf": 9 / 8, "rollout/aepo/tool_errors_per_leaf": 3 / 8,
+                   "rollout/aepo/tool_error_share": 3 / 9, "rollout/aepo/finish/answer": 4 / 8,
+                   "rollout/aepo/finish/length": 1 / 8, "rollout/aepo/finish/eos": 3 / 8}
+    assert rollout_metrics(["x"], [{"turn_scores": []}]) == {}
+
+
+def test_verls_sync_trainer_logs_the_rollout_metrics():
+    """After a plain import verl, the trainer main_ppo gets for trainer_mode=sync is verl's, extended by the
+    plugin (only once verl itself imports it) to add the rollout metrics when the AEPO loops are in use."""
+    out = _fresh("import sys, verl\n"
+                 "print('verl.trainer.ppo.v1.trainer_sync' in sys.modules)\n"
+                 "from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls\n"
+                 "cls = get_trainer_cls('sync')\n"
+                 "print(cls.__name__, cls.__mro__[1] is PPOTrainerSync, '_compute_metrics' in vars(cls))\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-2:] == ["False", "AEPOMetricsPPOTrainerSync True True"], out.stdout

@@ -42,6 +42,7 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.clip_ratio_c=3.0 \
     actor_rollout_ref.actor.loss_agg_mode=token-mean \
     actor_rollout_ref.actor.calculate_entropy=true \
+    actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking=true \
     actor_rollout_ref.actor.entropy_coeff=0 \
     actor_rollout_ref.actor.use_kl_loss=false \
     actor_rollout_ref.rollout.name=vllm \

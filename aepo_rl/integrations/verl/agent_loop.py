@@ -26,6 +26,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -175,7 +176,7 @@ class VerlServerEngine(TokenLists):
         self._sequences: SequenceTable[list[int]] = SequenceTable("VerlServerEngine")
         self.global_steps: list = []
         """global_steps (weight version) of every server answer of this engine, when the server reports it."""
-        self.counters = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "requests": 0.0}
+        self.counters = {"prefill_tokens": 0.0, "decode_tokens": 0.0, "requests": 0.0, "generate_seconds": 0.0}
         self._closed = threading.Event()
         self._pending: list = []
 
@@ -212,10 +213,12 @@ class VerlServerEngine(TokenLists):
         async def round_():
             return await asyncio.gather(*(self._one(seq, params, max_new_tokens[i]) for i, seq in todo))
 
+        t0 = time.perf_counter()
         future = asyncio.run_coroutine_threadsafe(round_(), self.loop)
         self._pending.append(future)
         try:
             outputs = future.result(self.timeout)
+            self.counters["generate_seconds"] += time.perf_counter() - t0
         except BaseException:
             future.cancel()
             if self._closed.is_set():  # closed by the coordinator while this round was in flight
@@ -289,7 +292,7 @@ class TreeCoordinator:
 
     def __init__(self, max_workers: int = 64):
         self._trees: dict[tuple, _Tree] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
 
     def __len__(self) -> int:
         return len(self._trees)
@@ -309,7 +312,7 @@ class TreeCoordinator:
             self._prune(key[1])
             engine, grow = build()
             loop = asyncio.get_running_loop()
-            tree = _Tree(n, loop.run_in_executor(self._pool, grow), engine=engine)
+            tree = _Tree(n, loop.run_in_executor(self.pool, grow), engine=engine)
             self._trees[key] = tree
         elif tree.n != n:
             raise ValueError(f"aepo_tree: sessions of prompt {key[0]} disagree on n ({tree.n} vs {n})")
@@ -353,10 +356,14 @@ def coordinator(max_workers: int = 64) -> TreeCoordinator:
 # ---------------------------------------------------------------------------------- the agent loops
 
 def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, prompt_ids: list[int],
-                seconds: float, steps: list, response_length: int) -> AgentLoopOutput:
+                seconds: float, steps: list, response_length: int, step_of_prompt=None,
+                generate_seconds: float | None = None) -> AgentLoopOutput:
     """One leaf as verl's AgentLoopOutput: the engine's token ids (prefix + own tokens, tool results
     included), response mask 0 on tool results, the sampled log-probs (0 on tool results), tree
-    metadata in ``extra_fields``."""
+    metadata in ``extra_fields``. ``min/max_global_steps`` span the weight versions the server reported,
+    else ``step_of_prompt`` (verl's V1 trainer builds an int array of them and cannot take None).
+    Timing (verl's ``agent_loop/*``): the whole tree's time waiting for the server as
+    ``generate_sequences``, the rest of its wall time ``seconds`` (tools, the controller) as ``tool_calls``."""
     depth, parent = 0, traj.parent_id
     while parent is not None:
         depth, parent = depth + 1, group[parent].parent_id
@@ -372,6 +379,7 @@ def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, 
         "aepo_finish_reason": traj.finish_reason,
         "turn_scores": [], "tool_rewards": [],
     }
+    steps = list(steps) or ([step_of_prompt] if step_of_prompt is not None else [])
     if steps:  # the weight versions of the whole tree's generation (staleness control of verl's async modes)
         extra["min_global_steps"], extra["max_global_steps"] = min(steps), max(steps)
     return AgentLoopOutput(
@@ -380,7 +388,8 @@ def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, 
         response_mask=traj.loss_mask[:response_length],
         response_logprobs=traj.logprobs[:response_length],
         num_turns=1 + len(traj.rounds) + traj.num_tool_calls,
-        metrics=AgentLoopMetrics(generate_sequences=seconds),
+        metrics=AgentLoopMetrics(generate_sequences=seconds if generate_seconds is None else generate_seconds,
+                                 tool_calls=0.0 if generate_seconds is None else max(0.0, seconds - generate_seconds)),
         extra_fields=extra,
     )
 
@@ -409,7 +418,7 @@ class _AEPOLoopBase(AgentLoopBase):
         return params, extra
 
     def _grow(self, engine: VerlServerEngine, prompt_ids: list[int], uid: str, params: SamplingParams,
-              seed: int):
+              seed: int, step_of_prompt=None):
         from aepo_rl.rollout.tree import run_rollout
 
         def grow():
@@ -423,7 +432,8 @@ class _AEPOLoopBase(AgentLoopBase):
             seconds = time.perf_counter() - t0
             group, m = result.groups[0], result.global_samples[0] if result.global_samples else 1
             return [leaf_output(t, group, m, prompt_ids, seconds, engine.global_steps,
-                                self.settings.rollout.max_response_length) for t in group]
+                                self.settings.rollout.max_response_length, step_of_prompt,
+                                engine.counters["generate_seconds"]) for t in group]
 
         return grow
 
@@ -434,6 +444,21 @@ class _AEPOLoopBase(AgentLoopBase):
 
 def _seed(uid: str, steps) -> int:
     return zlib.crc32(f"{uid}/{steps}".encode())
+
+
+def _warn_if_validation(rollout_config, sampling_params: dict) -> None:
+    """Warn (Python's default filter: once per process) when aepo_tree gets verl's validation sampling
+    (val_kwargs.temperature, not the training temperature): a validation row without agent_name went to
+    aepo_tree through default_agent_loop, which grows a whole tree per session and keeps leaf 0 (review L5)."""
+    val = (rollout_config.get("val_kwargs", None) or {}).get("temperature", None)
+    train = rollout_config.get("temperature", None)
+    got = sampling_params.get("temperature", None)
+    if val is None or got is None or float(val) == float(train) or float(got) != float(val):
+        return
+    warnings.warn(f"aepo_tree got validation sampling (temperature={got} = rollout.val_kwargs.temperature): a "
+                  "validation row without agent_name went to aepo_tree through rollout.agent.default_agent_loop; it "
+                  "grows a whole tree per session and keeps leaf 0. Give validation rows agent_name=aepo_chain "
+                  "(aepo verl-data does)", UserWarning, stacklevel=2)
 
 
 @register("aepo_tree")
@@ -447,12 +472,13 @@ class AEPOTreeAgentLoop(_AEPOLoopBase):
                                "(the legacy path repeats rows and may split a prompt's sessions across workers)")
         uid, session_id, steps = str(kwargs["uid"]), int(kwargs["session_id"]), kwargs.get("global_steps", -1)
         n = self.settings.rollout.n
+        _warn_if_validation(self.rollout_config, sampling_params)
         prompt_ids = await self._prompt_ids(kwargs)
         params, extra = self._sampling(sampling_params)
 
         def build():
             engine = self._engine(uid, extra)
-            return engine, self._grow(engine, prompt_ids, uid, params, _seed(uid, steps))
+            return engine, self._grow(engine, prompt_ids, uid, params, _seed(uid, steps), kwargs.get("global_steps"))
 
         return await coordinator(self.settings.max_concurrent_trees).leaf(
             (uid, steps), session_id, n, build, self.settings.tree_timeout)
@@ -471,7 +497,8 @@ class AEPOChainAgentLoop(_AEPOLoopBase):
         prompt_ids = await self._prompt_ids(kwargs)
         params, extra = self._sampling(sampling_params)
         engine = self._engine(f"{uid}/{session}", extra)
-        grow = self._grow(engine, prompt_ids, uid, params, _seed(uid, session))
-        leaves = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, grow),
+        grow = self._grow(engine, prompt_ids, uid, params, _seed(uid, session), kwargs.get("global_steps"))
+        pool = coordinator(self.settings.max_concurrent_trees).pool  # not the loop's default executor (verl's)
+        leaves = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, grow),
                                         self.settings.tree_timeout)
         return leaves[0]
