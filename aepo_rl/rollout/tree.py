@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.protocol import ANSWER_CLOSE, Protocol
-from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
+from aepo_rl.rollout.entropy import branch_probability, premonitor_global_samples, step_entropy
 from aepo_rl.rollout.metrics import rollout_metrics
 from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
@@ -127,7 +127,7 @@ class _TreeRollout:
         calls = []
         for x, seg in zip(live, segments):
             traj = x.traj
-            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size)
+            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, cfg.entropy_reduce)
             start = len(traj.response_token_ids)
             traj.response_token_ids += seg.token_ids
             traj.loss_mask += [1] * len(seg.token_ids)
@@ -189,7 +189,7 @@ class _TreeRollout:
                 base = self.state.slot_baselines[x.group * n + traj.traj_id]
             else:
                 base = x.root_entropy
-            delta = entropy_delta(h, base, cfg.entropy_measure, self.engine.vocab_size)
+            delta = h - base  # ΔH on the release's scale (§1.4)
             streak = x.streak if cfg.penalty_scope == "path" else counters[x.group]
             p = branch_probability(self.rng.random(), delta, streak, mode=cfg.mode,
                                    entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
@@ -260,7 +260,8 @@ class _TreeRollout:
         probes = self.engine.generate(seqs, self.params, [cfg.premonitor_probe_tokens] * len(seqs))
         for seq in seqs:
             self.engine.release(seq)
-        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size) for s in probes]
+        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, cfg.entropy_reduce)
+                   for s in probes]
         pre = self.grow(prompts, [1] * len(prompts), 1, branching=False)
         ms = []
         for h_root, (traj,) in zip(h_roots, pre):
