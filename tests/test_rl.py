@@ -321,7 +321,8 @@ STEP_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
                 "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",
                 "timing_s/update", "timing_s/step", "rollout/distinct_per_group", "rollout/branches_per_prompt",
-                "train/tokens_per_s"]
+                "train/tokens_per_s", "rollout/informative_group_frac", "rollout/entropy_leverage",
+                "rollout/consecutive_branch_mean"]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -486,3 +487,12 @@ def test_an_rl_step_with_lora_changes_only_the_adapter_weights(tiny_tokenizer):
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed and all("lora_" in k for k in changed), sorted(changed)
     assert {k for k in before if "lora_B" in k} <= changed  # B starts at 0 and must move
+
+
+def test_informative_group_frac_counts_groups_with_distinct_scores():
+    """§2.1: a group whose scores are all equal has zero advantage everywhere; the share of the others."""
+    example = VaryingRewardTask().examples("train")[0]
+    trajs = [Trajectory(prompt_id="q0", traj_id=i, parent_id=None, fork_token_index=None, prompt_token_ids=[1],
+                        response_token_ids=[i + 2]) for i in range(2)]
+    groups = [rl_module.ScoredGroup(example, trajs, scores) for scores in ([1.0, 1.0], [0.0, 1.0], [-1.0, -1.0], [0.5, 0.2])]
+    assert RLTrainer.rollout_metrics(groups)["rollout/informative_group_frac"] == 0.5

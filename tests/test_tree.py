@@ -201,8 +201,39 @@ def test_previous_segment_path_penalty(tiny_tokenizer):
     assert t2.fork_token_index == t1.rounds[1].end
     assert result.metrics["rollout/consecutive_branch_max"] == 2
     assert result.metrics["rollout/branches_per_prompt"] == 3
+    # branch events at l = 0 (T0, round 1), 1 (T1, round 2), 0 (T0, round 3); T0's round-2 refusal is a
+    # decision too; T1 and T2 are not asked in round 3 (the prompt is full). ΔH = 0: no flip.
+    m = result.metrics
+    assert m["rollout/consecutive_branch_mean"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_share/l0"] == pytest.approx(2 / 3)
+    assert m["rollout/consecutive_branch_share/l1"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_share/l2"] == 0 and m["rollout/consecutive_branch_share/l3plus"] == 0
+    assert m["rollout/branch_decisions"] == 4 and m["rollout/entropy_leverage"] == 0
     assert result.metrics["rollout/largest_subtree_share"] == 1.0
     assert all(t.finish_reason == "answer" for t in (t0, t1, t2, t3))
+
+
+def test_entropy_leverage_counts_the_decisions_the_entropy_term_flips(tiny_tokenizer):
+    """§1.4 with the release's previous segment, lineage baseline = round 0's entropy 3.0. Decision 1
+    (round 0, ΔH = 0, U = .3): no branch either way. Decision 2 (round 1, entropy 1.0 < 3.0, U = .55):
+    U alone would branch, U + w·ΔH does not: a flip. Decision 3 (round 2, ΔH = 0, U = .6): branches,
+    no flip. A second rollout, where only T0 branches and four times in a row, fills the l = 0, 1, 2
+    and ≥ 3 buckets."""
+    entropies = {0: 3.0, 1: 1.0, 2: 3.0, 3: 3.0}
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(3, lambda s: entropies[s.rounds]))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=2, mode="aepo"),
+                         rng=ScriptedUniforms([0.3, 0.55, 0.6]))
+    t0 = result.groups[0][0]
+    assert t0.rounds[1].branch_probability < 0.5 <= 0.55 and t0.rounds[2].branch_probability == pytest.approx(0.6)
+    m = result.metrics
+    assert m["rollout/branch_decisions"] == 3 and m["rollout/entropy_leverage"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_mean"] == 0 and m["rollout/consecutive_branch_share/l0"] == 1
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(4))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=5, mode="arpo"),
+                         rng=ScriptedUniforms([.9, .9, 0, .9, 0, 0, .9]))  # only T0 branches: l = 0, 1, 2, 3
+    m = result.metrics
+    assert m["rollout/consecutive_branch_mean"] == pytest.approx(1.5)
+    assert [m[f"rollout/consecutive_branch_share/{b}"] for b in ("l0", "l1", "l2", "l3plus")] == [0.25] * 4
 
 
 def test_previous_segment_prompt_round_penalty(tiny_tokenizer):
@@ -242,6 +273,7 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer):
     k = [min(20, sum(t0.loss_mask[r.start:r.end])) for r in t0.rounds[:2]]  # K of the root and the reaction
     delta = (3.0 * k[1] - 1.0 * k[0]) / math.log(len(tiny_tokenizer))  # sums on the release's scale (§1.2)
     assert t0.rounds[0].branch_probability == pytest.approx(0.45 + 0.2 * delta)
+    assert result.metrics["rollout/entropy_leverage"] == 1.0  # U = .45 alone would not have branched
     assert t1.parent_id == 0 and t1.fork_token_index == t0.rounds[0].end
     assert t1.response_token_ids[:t1.fork_token_index] == t0.response_token_ids[:t1.fork_token_index]
     assert len(t1.rounds) == 4 and t1.rounds[1].start == t1.fork_token_index
@@ -410,6 +442,8 @@ def test_metrics(tiny_tokenizer):
     result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(mode="independent", n=2, entropy_reduce="mean"))
     m = result.metrics
     assert m["rollout/global_samples"] == 2 and m["rollout/branches_per_prompt"] == 0
+    assert m["rollout/branch_decisions"] == 0 and m["rollout/entropy_leverage"] == 0
+    assert m["rollout/consecutive_branch_mean"] == 0 and m["rollout/consecutive_branch_share/l0"] == 0
     assert m["rollout/largest_subtree_share"] == 0.5
     ln_v = math.log(len(tiny_tokenizer))
     assert m["rollout/entropy_root"] == pytest.approx(2.0 / ln_v)

@@ -27,7 +27,7 @@ from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.protocol import ANSWER_CLOSE, Protocol
 from aepo_rl.rollout.entropy import branch_probability, premonitor_global_samples, step_entropy
-from aepo_rl.rollout.metrics import rollout_metrics
+from aepo_rl.rollout.metrics import BranchLog, rollout_metrics
 from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tools.base import Tool
@@ -87,7 +87,7 @@ class _TreeRollout:
         self.protocol = Protocol(tools, cfg.tool_format)
         prefix, suffix = self.protocol.result_wrapping(self.tok)
         self.result_prefix, self.result_suffix = self._encode(prefix), self._encode(suffix)
-        self.consecutive_max = 0
+        self.branches = BranchLog()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -191,13 +191,19 @@ class _TreeRollout:
                 base = x.root_entropy
             delta = h - base  # ΔH on the release's scale (§1.4)
             streak = x.streak if cfg.penalty_scope == "path" else counters[x.group]
-            p = branch_probability(self.rng.random(), delta, streak, mode=cfg.mode,
-                                   entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
+            uniform = self.rng.random()
+            rule = dict(mode=cfg.mode, entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
+            p = branch_probability(uniform, delta, streak, **rule)
+            p_without_entropy = branch_probability(uniform, 0.0, streak, **rule)  # for the entropy leverage
             decided.branch_probability = p
+            log = self.branches
+            log.decisions += 1
+            log.entropy_flips += (p >= cfg.branch_threshold) != (p_without_entropy >= cfg.branch_threshold)
             if p >= cfg.branch_threshold:
+                log.streaks.append(streak)
                 if cfg.penalty_scope == "path":  # children inherit the incremented count
                     x.streak += 1
-                    self.consecutive_max = max(self.consecutive_max, x.streak)
+                    log.consecutive_max = max(log.consecutive_max, x.streak)
                 children = min(cfg.branch_factor, n - len(groups[x.group]))
                 source = x.shadow if latest else x.seq
                 for i in range(children):
@@ -248,7 +254,7 @@ class _TreeRollout:
             if gained:
                 counters = [c + 1 if g in gained else 0 for g, c in enumerate(counters)]
                 if cfg.penalty_scope == "prompt_round":
-                    self.consecutive_max = max(self.consecutive_max, *counters)
+                    self.branches.consecutive_max = max(self.branches.consecutive_max, *counters)
         for traj in (t for group in groups for t in group):
             traj.response_text = self.tok.decode(traj.response_token_ids, skip_special_tokens=False)
         return groups
@@ -325,4 +331,4 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
         tree.close()
     seconds = time.perf_counter() - t0
     counters = {k: v - counters_before.get(k, 0.0) for k, v in engine.stats().items()}
-    return RolloutResult(groups, rollout_metrics(groups, ms, tree.consecutive_max, counters, seconds), ms)
+    return RolloutResult(groups, rollout_metrics(groups, ms, tree.branches, counters, seconds), ms)

@@ -656,9 +656,11 @@ class RLTrainer:
 
     @staticmethod
     def rollout_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
-        """Diversity and length on top of the rollout's own §7 metrics."""
+        """Diversity, length and the share of informative groups (score std > 0: the groups that give
+        a non-zero GRPO advantage, §2.1) on top of the rollout's own §7 metrics."""
         distinct = [len({tuple(t.response_token_ids) for t in g.trajectories}) for g in groups]
         return {"rollout/distinct_per_group": float(np.mean(distinct)),
+                "rollout/informative_group_frac": float(np.mean([len(set(g.scores)) > 1 for g in groups])),
                 "response_length/max": float(max(len(t.response_token_ids) for g in groups for t in g.trajectories))}
 
     def _rollout_records(self, trajectories, scores, advantages, mask) -> list[dict]:
