@@ -496,3 +496,39 @@ def test_informative_group_frac_counts_groups_with_distinct_scores():
                         response_token_ids=[i + 2]) for i in range(2)]
     groups = [rl_module.ScoredGroup(example, trajs, scores) for scores in ([1.0, 1.0], [0.0, 1.0], [-1.0, -1.0], [0.5, 0.2])]
     assert RLTrainer.rollout_metrics(groups)["rollout/informative_group_frac"] == 0.5
+
+
+@pytest.mark.parametrize("preset", ["aepo", "grpo"])
+def test_high_entropy_clip_shares_are_over_the_whole_mini_batch(tiny_tokenizer, tiny_model, preset):
+    """§7.1: `<metric>_high_entropy` = share among the mini-batch's masked tokens with H ≥ its 0.8-quantile,
+    whatever the micro-batch packing, equal to the loss's flags over the whole batch in one forward."""
+    trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
+             make_traj([3, 4], [15, 16, 17], [1, 1, 1]), make_traj([6, 4, 5, 3], [18, 19, 20, 21], [1, 1, 1, 1])]
+    batch = collate(trajs, [0, 0, 1, 1], tiny_tokenizer.pad_token_id)
+    fixed = _random_fixed(batch)
+    model = copy.deepcopy(tiny_model)
+    cfg = load_config(preset, overrides={"trainer.micro_batch_size": 1})
+    loss_fn = algorithms.get_policy_loss(cfg.algorithm.policy_loss)
+    rows = torch.arange(batch.num_rows)
+    per_row = accumulate_gradients(model, batch, rows, fixed, cfg, loss_fn)
+    cfg.trainer.micro_batch_size = 4
+    whole = accumulate_gradients(model, batch, rows, fixed, cfg, loss_fn)
+    names = ["actor/pg_clipfrac_high_entropy", "actor/pg_clipfrac_lower_high_entropy",
+             "actor/pg_clipfrac_upper_bound_high_entropy", "actor/pg_clipfrac_lower_bound_high_entropy"]
+    names += ["actor/grad_preserved_frac_high_entropy"] if preset == "aepo" else []
+    assert sorted(k for k in whole if k.endswith("_high_entropy")) == sorted(names)
+    with torch.no_grad():
+        log_probs, entropy = response_logprobs(model, batch, bf16=False)
+    flags: dict = {}
+    algo = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.rollout.max_response_length)
+    stats = (algorithms.entropy_stats(fixed.old_entropy, batch.response_mask, "mini-batch")
+             if preset == "aepo" else None)
+    loss_fn(fixed.old_log_probs, log_probs, fixed.advantages, batch.response_mask, config=algo, entropy=entropy,
+            entropy_stats=stats, token_flags=flags)
+    expected = algorithms.high_entropy_shares(entropy, batch.response_mask, flags)
+    high = entropy >= torch.quantile(entropy[batch.response_mask.bool()], 0.8)
+    assert int((high & batch.response_mask.bool()).sum()) >= 3
+    for name in names:
+        assert per_row[name] == pytest.approx(expected[name], abs=1e-6)
+        assert whole[name] == pytest.approx(expected[name], abs=1e-6)
+    assert 0 < expected["actor/pg_clipfrac_high_entropy"] <= 1

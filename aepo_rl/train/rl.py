@@ -279,6 +279,11 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     generated the rollout), so z depends neither on micro-batch packing nor on how far the policy
     moved in earlier mini-batches; the micro-batch scope (release) lets the loss use the current
     forward's entropies of each micro-batch.
+
+    Clipping on high-entropy tokens (§7.1): a loss that declares ``token_flags`` hands back its
+    per-token indicators (clipped, dual clip, preserved gradient); after the last micro-batch their
+    shares over the mini-batch's tokens with H ≥ its 0.8-quantile (current forward, masked tokens)
+    are logged as ``<metric>_high_entropy``.
     """
     algo = cfg.algorithm
     if algo.loss_scale_factor is None:
@@ -287,6 +292,8 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     rows = by_length(batch, rows)
     mini_mask = mask[rows]
     gives_entropy = registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy")
+    flags_wanted = registry.POLICY_LOSSES.capabilities(algo.policy_loss)["token_flags"]
+    flagged: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
     stats = None
     if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats") and algo.entropy_adv_coef > 0:
         stats = algorithms.entropy_stats(fixed.old_entropy[rows], mini_mask, algo.entropy_adv_scope,
@@ -303,12 +310,16 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
         if on_policy:
             fixed.old_log_probs[micro], fixed.old_entropy[micro] = log_probs.detach(), entropy.detach()
+        token_flags: dict[str, torch.Tensor] = {}
         loss, loss_metrics = policy_loss(
             fixed.old_log_probs[micro], log_probs, fixed.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo,
             entropy=entropy.detach() if gives_entropy else None,
             entropy_stats=micro_stats,
-            index=batch.group_index[micro])
+            index=batch.group_index[micro],
+            **({"token_flags": token_flags} if flags_wanted else {}))
+        if flags_wanted:
+            flagged.append((entropy.detach(), micro_mask, token_flags))
         if algo.entropy_coeff > 0:
             loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode,
                                                    algo.loss_scale_factor)
@@ -321,6 +332,10 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
+    if flagged:
+        entropies, masks, flags = zip(*flagged)
+        sums.update(algorithms.high_entropy_shares(torch.cat(entropies), torch.cat(masks),
+                                                   {name: torch.cat([f[name] for f in flags]) for name in flags[0]}))
     return sums
 
 
