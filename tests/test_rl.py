@@ -322,7 +322,7 @@ STEP_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
                 "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",
                 "timing_s/update", "timing_s/step", "rollout/distinct_per_group", "rollout/branches_per_prompt",
                 "train/tokens_per_s", "rollout/informative_group_frac", "rollout/entropy_leverage",
-                "rollout/consecutive_branch_mean"]
+                "rollout/consecutive_branch_mean", "actor/entropy_unique", "actor/pg_clipfrac_high_entropy"]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -532,3 +532,32 @@ def test_high_entropy_clip_shares_are_over_the_whole_mini_batch(tiny_tokenizer, 
         assert per_row[name] == pytest.approx(expected[name], abs=1e-6)
         assert whole[name] == pytest.approx(expected[name], abs=1e-6)
     assert 0 < expected["actor/pg_clipfrac_high_entropy"] <= 1
+
+
+def test_entropy_unique_counts_a_forks_copied_prefix_once(tiny_tokenizer, tiny_model):
+    """§7.1: actor/entropy is verl's masked mean over rows (the fork's copied prefix counted in both rows);
+    actor/entropy_unique counts each tree token once: the parent's tokens, then the fork's own after
+    fork_token_index. Without forks the two are equal."""
+    parent = make_traj([3, 4], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1])
+    child = dataclasses.replace(make_traj([3, 4], [7, 8, 9, 10, 13, 14, 15], [1, 1, 0, 0, 1, 1, 1]), traj_id=1,
+                                parent_id=0, fork_token_index=4)
+    other = make_traj([5], [16, 17, 18], [1, 1, 1])
+    batch = collate([parent, child, other], [0, 0, 1], tiny_tokenizer.pad_token_id)
+    assert batch.shared_prefix.tolist() == [0, 4, 0]
+    cfg = load_config("grpo", overrides={"trainer.micro_batch_size": 1})
+    model = copy.deepcopy(tiny_model)
+    metrics = accumulate_gradients(model, batch, torch.arange(3), _random_fixed(batch), cfg,
+                                   algorithms.get_policy_loss("grpo"))
+    with torch.no_grad():
+        _, entropy = response_logprobs(model, batch, bf16=False)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(entropy[0, :2], entropy[1, :2])  # the same prefix, the same entropies
+    own = mask.clone()
+    own[1, :4] = False
+    assert metrics["actor/entropy_unique"] == pytest.approx(float(entropy[own].mean()), abs=2e-6)
+    assert metrics["actor/entropy"] == pytest.approx(float(entropy[mask].mean()), abs=2e-6)  # token-mean shares
+    assert abs(float(entropy[own].mean()) - float(entropy[mask].mean())) > 2e-5  # the two quantities differ here
+    chains = collate([parent, other], [0, 1], tiny_tokenizer.pad_token_id)
+    metrics = accumulate_gradients(model, chains, torch.arange(2), _random_fixed(chains), cfg,
+                                   algorithms.get_policy_loss("grpo"))
+    assert metrics["actor/entropy_unique"] == pytest.approx(metrics["actor/entropy"], abs=2e-6)

@@ -116,6 +116,7 @@ class Batch:
     responses: torch.Tensor       # [B, R] response token ids, right-padded
     response_mask: torch.Tensor   # [B, R] 1.0 = model-written token (trained); 0.0 = tool result or pad
     group_index: torch.Tensor     # [B] prompt group of each row
+    shared_prefix: torch.Tensor   # [B] leading response tokens copied from an earlier row (a fork's prefix, §1.5)
 
     @property
     def num_rows(self) -> int:
@@ -125,7 +126,8 @@ class Batch:
         """A sub-batch, trimmed to its longest sequence (shorter micro-batches run faster)."""
         longest = int(self.sequence_lengths[index].max())
         return Batch(self.input_ids[index, :longest], self.prompt_lengths[index], self.sequence_lengths[index],
-                     self.responses[index], self.response_mask[index], self.group_index[index])
+                     self.responses[index], self.response_mask[index], self.group_index[index],
+                     self.shared_prefix[index])
 
     def to(self, device: torch.device) -> Batch:
         """The batch on ``device`` (itself when it is there already)."""
@@ -154,7 +156,8 @@ def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id
                  prompt_lengths=torch.tensor([len(p) for p in prompts]),
                  sequence_lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
                  responses=response_ids, response_mask=response_mask,
-                 group_index=torch.tensor(group_index))
+                 group_index=torch.tensor(group_index),
+                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]))
 
 
 def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0
@@ -284,6 +287,10 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     per-token indicators (clipped, dual clip, preserved gradient); after the last micro-batch their
     shares over the mini-batch's tokens with H ≥ its 0.8-quantile (current forward, masked tokens)
     are logged as ``<metric>_high_entropy``.
+
+    ``actor/entropy`` is verl's (masked mean over the rows, so a fork's copied prefix counts once per
+    leaf); ``actor/entropy_unique`` counts every token of a tree once: the masked tokens at or after
+    each row's ``shared_prefix`` (§7.1).
     """
     algo = cfg.algorithm
     if algo.loss_scale_factor is None:
@@ -299,6 +306,8 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         stats = algorithms.entropy_stats(fixed.old_entropy[rows], mini_mask, algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    unique_sum, unique_count = torch.zeros((), device=mask.device), torch.zeros((), device=mask.device)
     for positions in torch.split(torch.arange(len(rows), device=rows.device), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
@@ -332,6 +341,9 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
+        own = micro_mask.bool() & (columns >= batch.shared_prefix[micro, None])
+        unique_sum, unique_count = unique_sum + (entropy.detach() * own).sum(), unique_count + own.sum()
+    sums["actor/entropy_unique"] = float(unique_sum / unique_count.clamp(min=1))
     if flagged:
         entropies, masks, flags = zip(*flagged)
         sums.update(algorithms.high_entropy_shares(torch.cat(entropies), torch.cat(masks),
