@@ -170,10 +170,9 @@ def test_premonitor_formulas():
 # --- the controller ----------------------------------------------------------------------
 
 def test_premonitor_release_gives_7_of_12(tiny_tokenizer):
-    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2, 0.0))  # equal step entropies whatever the lengths
     c = cfg(n=12, global_samples=None, premonitor=True, premonitor_formula="release", mode="aepo",
-            branch_threshold=1.0, entropy_weight=0.0,  # never branch: restarts fill the rest
-            entropy_reduce="mean")  # equal step entropies whatever the segments' lengths
+            branch_threshold=1.0, entropy_weight=0.0)  # never branch: restarts fill the rest
     result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), c, seed=0)
     assert result.metrics["rollout/global_samples"] == 7
     for group in result.groups:
@@ -483,3 +482,23 @@ def test_prompt_length_is_checked(tiny_tokenizer):
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
     with pytest.raises(ValueError, match=r"prompt 'p0' has \d+ tokens; it needs 1 to rollout.max_prompt_length=2"):
         run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(max_prompt_length=2))
+
+
+def test_premonitoring_reads_the_release_scale_whatever_the_reduction(tiny_tokenizer):
+    """§1.3: H_root and H_tool_avg are sums over k tokens / ln|V| under both reductions;
+    rollout.entropy_reduce changes ΔH only (with the mean, H_root − H_tool_avg would be K times
+    smaller and m would sit at n/2)."""
+    script = calls_then_answer(2, lambda s: 3.0 if s.rounds == 0 else 0.2)
+    ms = {}
+    for reduce in ("sum", "mean"):
+        c = cfg(n=12, global_samples=None, premonitor=True, mode="aepo", branch_threshold=1.0, entropy_weight=0.0,
+                entropy_reduce=reduce)
+        ms[reduce] = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), tools(), c,
+                                 seed=0).metrics["rollout/global_samples"]
+    # probe and round 0: "<search>q0</search>" at 3.0 nats a token; after the tool results (paper formula):
+    # "<search>q1</search>" and the answer at 0.2.
+    length = [len(tiny_tokenizer.encode(t, add_special_tokens=False))
+              for t in ("<search>q0</search>", "<search>q1</search>", "<answer>\\boxed{x}</answer>")]
+    ln_v = math.log(len(tiny_tokenizer))
+    h_root, h_tool = 3.0 * min(20, length[0]) / ln_v, 0.2 * (min(20, length[1]) + min(20, length[2])) / 2 / ln_v
+    assert ms["sum"] == ms["mean"] == premonitor_global_samples(12, h_root, h_tool, formula="paper", beta=0.5) > 6

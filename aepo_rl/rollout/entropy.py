@@ -7,9 +7,9 @@ the full-vocabulary entropy H_t (``entropy_measure="full"``), the surprisal −l
 sampled token (``"surprisal"``, any engine that returns log-probs) or the release's top-10 proxy
 h_t (``"top10_proxy"``, ``Segment.top10_entropies``: −Σ p·log p over the 10 most likely tokens and
 the sampled token when it is outside them, as vLLM returns them to the release). The branching
-signal is ΔH = H_t − H_base (§1.4), and pre-monitoring (§1.3) reads the same numbers, so w = 0.2
-and β = 0.5 mean the same under each measure: on a segment whose top-10 mass is about 1 the three
-measures give the same H. Under ``mean`` the scale is K times smaller than the release's.
+signal is ΔH = H_t − H_base (§1.4), so w = 0.2 means the same under each measure: on a segment
+whose top-10 mass is about 1 the three measures give the same H. Under ``mean`` ΔH is K times
+smaller than the release's. Pre-monitoring (§1.3) always reads the sums (the release's scale).
 """
 
 from __future__ import annotations

@@ -119,15 +119,16 @@ class _TreeRollout:
             live.shadow = None
 
     # -- one round -------------------------------------------------------------------------
-    def _generate_round(self, live: list[_Live]) -> None:
-        """Generate a segment for every active trajectory, then run and append the tool calls."""
+    def _generate_round(self, live: list[_Live], reduce: str) -> None:
+        """Generate a segment for every active trajectory, then run and append the tool calls; step
+        entropies (§1.2) with the reduction ``reduce``."""
         cfg, budget = self.cfg, self.cfg.max_response_length
         max_new = [min(cfg.max_tokens_per_round, budget - len(x.traj.response_token_ids)) for x in live]
         segments = self.engine.generate([x.seq for x in live], self.params, max_new)
         calls = []
         for x, seg in zip(live, segments):
             traj = x.traj
-            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, cfg.entropy_reduce)
+            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, reduce)
             start = len(traj.response_token_ids)
             traj.response_token_ids += seg.token_ids
             traj.loss_mask += [1] * len(seg.token_ids)
@@ -217,7 +218,7 @@ class _TreeRollout:
 
     # -- the whole tree --------------------------------------------------------------------
     def grow(self, prompts: list[tuple[str, list[int]]], global_samples: list[int], n: int,
-             branching: bool) -> list[list[Trajectory]]:
+             branching: bool, reduce: str) -> list[list[Trajectory]]:
         cfg = self.cfg
         latest = cfg.entropy_segment == "latest"
         groups: list[list[Trajectory]] = [[] for _ in prompts]
@@ -234,7 +235,7 @@ class _TreeRollout:
                 for x in live:
                     if x.after_tool and len(groups[x.group]) < n:
                         x.shadow, x.shadow_point = self.engine.fork(x.seq), len(x.traj.response_token_ids)
-            self._generate_round(live)
+            self._generate_round(live, reduce)
             gained: set[int] = set()
             if branching:
                 if cfg.entropy_baseline == "slot_persistent":
@@ -260,15 +261,18 @@ class _TreeRollout:
         return groups
 
     def premonitor(self, prompts: list[tuple[str, list[int]]], n: int) -> list[int]:
-        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded)."""
+        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded).
+
+        Their step entropies are sums over k tokens / ln|V| (the release's scale) whatever
+        ``rollout.entropy_reduce``, which sets the reduction of ΔH only."""
         cfg = self.cfg
         seqs = [self.engine.add_sequence(list(ids)) for _, ids in prompts]
         probes = self.engine.generate(seqs, self.params, [cfg.premonitor_probe_tokens] * len(seqs))
         for seq in seqs:
             self.engine.release(seq)
-        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, cfg.entropy_reduce)
+        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, "sum")
                    for s in probes]
-        pre = self.grow(prompts, [1] * len(prompts), 1, branching=False)
+        pre = self.grow(prompts, [1] * len(prompts), 1, branching=False, reduce="sum")
         ms = []
         for h_root, (traj,) in zip(h_roots, pre):
             # release: every segment of the pre-rollout; paper: the segments after a tool result.
@@ -326,7 +330,7 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
             ms = tree.premonitor(prompts, n)
         else:
             ms = [max(1, n // 2)] * len(prompts)
-        groups = tree.grow(prompts, ms, n, branching)
+        groups = tree.grow(prompts, ms, n, branching, cfg.entropy_reduce)
     finally:
         tree.close()
     seconds = time.perf_counter() - t0
