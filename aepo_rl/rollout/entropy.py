@@ -1,8 +1,8 @@
 """Step entropy, entropy pre-monitoring and the branch probability (docs/algorithm.md §1.2-§1.4).
 
-Scale. Every step entropy is on the release's scale (§1.2): the token entropies of a segment's
-first K = min(k, len) tokens, reduced by a sum (``entropy_reduce="sum"``, the release's and the
-default) or a mean (``"mean"``, aepo-rl before 2026-12-05), divided by ln|V|. The token entropy is
+Scale. A step entropy (§1.2) is the token entropies of a segment's first K = min(k, len) tokens,
+reduced by a sum (``entropy_reduce="sum"``, the release's scale and the default) or a mean
+(``"mean"``, aepo-rl before 2026-12-05), divided by ln|V|. The token entropy is
 the full-vocabulary entropy H_t (``entropy_measure="full"``), the surprisal −log π(x_t) of the
 sampled token (``"surprisal"``, any engine that returns log-probs) or the release's top-10 proxy
 h_t (``"top10_proxy"``, ``Segment.top10_entropies``: −Σ p·log p over the 10 most likely tokens and
