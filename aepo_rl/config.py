@@ -121,9 +121,12 @@ class RolloutConfig:
     penalty_scope: str = knob("path", "Counter l of consecutive branching steps: per path (paper) or per prompt-round (release) (§1.4).", choices=("path", "prompt_round"))
     branch_factor: int = knob(1, "Z: children per branching decision (§1.4; release beam_size − 1 = 1).", ge=1)
     entropy_k_tokens: int = knob(20, "Step entropy over the first k tokens of a segment (§1.2; release 20).", ge=1)
-    entropy_measure: str = knob("full", "Step entropy: mean full-vocabulary entropy (default), mean surprisal −log π of the sampled tokens (any engine "
-                                        "with log-probs), or the release's top-10 proxy sum / ln|V| (§1.2). The engine must record it "
+    entropy_measure: str = knob("full", "Token entropy of the step entropy: full-vocabulary entropy (default), surprisal −log π of the sampled token (any engine "
+                                        "with log-probs), or the release's top-10 proxy (§1.2). The engine must record it "
                                         "(registry capability `entropies`).", choices=("full", "surprisal", "top10_proxy"))
+    entropy_reduce: str = knob("sum", "Step entropy = sum (release) or mean of the first min(k, len) token entropies, / ln|V| (§1.2); "
+                                      "mean makes ΔH min(k, len) times smaller (the default before 2026-12-05).",
+                               choices=("sum", "mean"))
     entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy (default) or the release's slot-keyed, never-reset one (§1.4).", choices=("lineage", "slot_persistent"))
     entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
     restarts: bool = knob(True, "Start a fresh trajectory, one at a time, when a prompt has none active and fewer than n (§1.5); false starts all missing ones at once.")

@@ -176,10 +176,12 @@ class Registry(Mapping[str, Any]):
 
 
 POLICY_LOSSES = Registry("policy loss", "aepo_rl.algorithms.losses", vocabulary=("entropy", "entropy_stats"),
-                         builtin_names=("aepo", "cispo", "dapo", "gppo", "grpo", "gspo", "ppo"))
+                         builtin_names=("aepo", "cispo", "dapo", "gppo", "grpo", "gspo", "ppo"), token_flags=False)
 """needs: ``entropy`` = the current policy's token entropies H (``entropy=``; None otherwise);
 ``entropy_stats`` = (mean, std) of H_old over the ``algorithm.entropy_adv_scope`` (§2.2), passed as
-``entropy_stats=`` when ``algorithm.entropy_adv_coef`` > 0."""
+``entropy_stats=`` when ``algorithm.entropy_adv_coef`` > 0. token_flags: the loss accepts
+``token_flags={}`` and fills it with per-token bool indicators under its metric names (the trainer
+then logs their shares over the mini-batch's high-entropy tokens, §7.1)."""
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "aepo_rl.algorithms.advantages",
                                 vocabulary=("anchor_keys", "kl"),

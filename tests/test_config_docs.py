@@ -28,7 +28,7 @@ def test_reference_lists_every_key_with_default_range_and_presets():
     assert "| [0, 1] |" in rows["| `task.arithmetic_fraction`"]
     assert "`full`, `surprisal`, `top10_proxy` | official: `top10_proxy` |" in rows["| `rollout.entropy_measure`"]
     assert "official: `aepo`" not in rows["| `algorithm.policy_loss`"]   # same as the default
-    assert "ln\\|V\\|" in rows["| `rollout.entropy_measure`"]             # a pipe cannot split the cell
+    assert "ln\\|V\\|" in rows["| `rollout.entropy_reduce`"]             # a pipe cannot split the cell
     assert "`str \\| None`" in rows["| `model.path`"]
 
 

@@ -344,3 +344,36 @@ def test_registry_lists_valid_names_and_accepts_new_losses():
         del POLICY_LOSSES["my_reinforce"]
     with pytest.raises(ConfigError, match=r"algorithm.policy_loss='my_reinforce' is not allowed; choose one of \['aepo', "):
         load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"])
+
+
+def test_high_entropy_shares_by_hand():
+    """§7.1: 10 trained tokens with H = 0..9 (0.8-quantile 7.2: tokens 8 and 9 are high-entropy) and a
+    tool token with H = 100 (mask 0, never counted). Tokens 0-3 and 8 are clipped at the upper bound
+    (A > 0, r = 1.5): pg_clipfrac 5/10 over all tokens, 1/2 over the high-entropy ones."""
+    from aepo_rl.algorithms import high_entropy_shares
+
+    log_ratio = torch.tensor([[math.log(1.5)] * 4 + [0.0] * 4 + [math.log(1.5), 0.0, math.log(1.5)]])
+    mask = torch.tensor([[1.0] * 10 + [0.0]])
+    entropy = torch.tensor([[float(i) for i in range(10)] + [100.0]])
+    for name in ("ppo", "aepo"):
+        flags: dict = {}
+        _, metrics = get_policy_loss(name)(-log_ratio, torch.zeros_like(log_ratio), torch.ones_like(log_ratio), mask,
+                                           config=PolicyLossConfig(**NO_ENT), entropy=entropy, token_flags=flags)
+        assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
+        shares = high_entropy_shares(entropy, mask, flags)
+        assert shares["actor/pg_clipfrac_high_entropy"] == pytest.approx(0.5)
+        assert shares["actor/pg_clipfrac_upper_bound_high_entropy"] == pytest.approx(0.5)
+        assert shares["actor/pg_clipfrac_lower_high_entropy"] == 0.0
+        assert ("actor/grad_preserved_frac_high_entropy" in shares) == (name == "aepo")
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "gppo", "aepo", "cispo", "gspo"])
+def test_every_builtin_loss_hands_back_its_token_flags(name):
+    assert POLICY_LOSSES.capabilities(name)["token_flags"]
+    flags: dict = {}
+    log_ratio = torch.tensor([[0.5, -0.5, 0.0]])
+    get_policy_loss(name)(-log_ratio, torch.zeros_like(log_ratio), torch.tensor([[1.0, -1.0, 1.0]]),
+                          torch.ones_like(log_ratio), config=PolicyLossConfig(**NO_ENT),
+                          entropy=torch.ones_like(log_ratio), token_flags=flags)
+    assert {"actor/pg_clipfrac", "actor/pg_clipfrac_lower"} <= set(flags)
+    assert all(f.dtype == torch.bool and f.shape == log_ratio.shape for f in flags.values())

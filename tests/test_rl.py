@@ -321,7 +321,8 @@ STEP_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
                 "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",
                 "timing_s/update", "timing_s/step", "rollout/distinct_per_group", "rollout/branches_per_prompt",
-                "train/tokens_per_s"]
+                "train/tokens_per_s", "rollout/informative_group_frac", "rollout/entropy_leverage",
+                "rollout/consecutive_branch_mean", "actor/entropy_unique", "actor/pg_clipfrac_high_entropy"]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -486,3 +487,77 @@ def test_an_rl_step_with_lora_changes_only_the_adapter_weights(tiny_tokenizer):
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed and all("lora_" in k for k in changed), sorted(changed)
     assert {k for k in before if "lora_B" in k} <= changed  # B starts at 0 and must move
+
+
+def test_informative_group_frac_counts_groups_with_distinct_scores():
+    """§2.1: a group whose scores are all equal has zero advantage everywhere; the share of the others."""
+    example = VaryingRewardTask().examples("train")[0]
+    trajs = [Trajectory(prompt_id="q0", traj_id=i, parent_id=None, fork_token_index=None, prompt_token_ids=[1],
+                        response_token_ids=[i + 2]) for i in range(2)]
+    groups = [rl_module.ScoredGroup(example, trajs, scores) for scores in ([1.0, 1.0], [0.0, 1.0], [-1.0, -1.0], [0.5, 0.2])]
+    assert RLTrainer.rollout_metrics(groups)["rollout/informative_group_frac"] == 0.5
+
+
+@pytest.mark.parametrize("preset", ["aepo", "grpo"])
+def test_high_entropy_clip_shares_are_over_the_whole_mini_batch(tiny_tokenizer, tiny_model, preset):
+    """§7.1: `<metric>_high_entropy` = share among the mini-batch's masked tokens with H ≥ its 0.8-quantile,
+    whatever the micro-batch packing, equal to the loss's flags over the whole batch in one forward."""
+    trajs = [make_traj([3, 4, 5], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1]), make_traj([3], [13, 14], [1, 1]),
+             make_traj([3, 4], [15, 16, 17], [1, 1, 1]), make_traj([6, 4, 5, 3], [18, 19, 20, 21], [1, 1, 1, 1])]
+    batch = collate(trajs, [0, 0, 1, 1], tiny_tokenizer.pad_token_id)
+    fixed = _random_fixed(batch)
+    model = copy.deepcopy(tiny_model)
+    cfg = load_config(preset, overrides={"trainer.micro_batch_size": 1})
+    loss_fn = algorithms.get_policy_loss(cfg.algorithm.policy_loss)
+    rows = torch.arange(batch.num_rows)
+    per_row = accumulate_gradients(model, batch, rows, fixed, cfg, loss_fn)
+    cfg.trainer.micro_batch_size = 4
+    whole = accumulate_gradients(model, batch, rows, fixed, cfg, loss_fn)
+    names = ["actor/pg_clipfrac_high_entropy", "actor/pg_clipfrac_lower_high_entropy",
+             "actor/pg_clipfrac_upper_bound_high_entropy", "actor/pg_clipfrac_lower_bound_high_entropy"]
+    names += ["actor/grad_preserved_frac_high_entropy"] if preset == "aepo" else []
+    assert sorted(k for k in whole if k.endswith("_high_entropy")) == sorted(names)
+    with torch.no_grad():
+        log_probs, entropy = response_logprobs(model, batch, bf16=False)
+    flags: dict = {}
+    algo = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.rollout.max_response_length)
+    stats = (algorithms.entropy_stats(fixed.old_entropy, batch.response_mask, "mini-batch")
+             if preset == "aepo" else None)
+    loss_fn(fixed.old_log_probs, log_probs, fixed.advantages, batch.response_mask, config=algo, entropy=entropy,
+            entropy_stats=stats, token_flags=flags)
+    expected = algorithms.high_entropy_shares(entropy, batch.response_mask, flags)
+    high = entropy >= torch.quantile(entropy[batch.response_mask.bool()], 0.8)
+    assert int((high & batch.response_mask.bool()).sum()) >= 3
+    for name in names:
+        assert per_row[name] == pytest.approx(expected[name], abs=1e-6)
+        assert whole[name] == pytest.approx(expected[name], abs=1e-6)
+    assert 0 < expected["actor/pg_clipfrac_high_entropy"] <= 1
+
+
+def test_entropy_unique_counts_a_forks_copied_prefix_once(tiny_tokenizer, tiny_model):
+    """§7.1: actor/entropy is verl's masked mean over rows (the fork's copied prefix counted in both rows);
+    actor/entropy_unique counts each tree token once: the parent's tokens, then the fork's own after
+    fork_token_index. Without forks the two are equal."""
+    parent = make_traj([3, 4], [7, 8, 9, 10, 11, 12], [1, 1, 0, 0, 1, 1])
+    child = dataclasses.replace(make_traj([3, 4], [7, 8, 9, 10, 13, 14, 15], [1, 1, 0, 0, 1, 1, 1]), traj_id=1,
+                                parent_id=0, fork_token_index=4)
+    other = make_traj([5], [16, 17, 18], [1, 1, 1])
+    batch = collate([parent, child, other], [0, 0, 1], tiny_tokenizer.pad_token_id)
+    assert batch.shared_prefix.tolist() == [0, 4, 0]
+    cfg = load_config("grpo", overrides={"trainer.micro_batch_size": 1})
+    model = copy.deepcopy(tiny_model)
+    metrics = accumulate_gradients(model, batch, torch.arange(3), _random_fixed(batch), cfg,
+                                   algorithms.get_policy_loss("grpo"))
+    with torch.no_grad():
+        _, entropy = response_logprobs(model, batch, bf16=False)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(entropy[0, :2], entropy[1, :2])  # the same prefix, the same entropies
+    own = mask.clone()
+    own[1, :4] = False
+    assert metrics["actor/entropy_unique"] == pytest.approx(float(entropy[own].mean()), abs=2e-6)
+    assert metrics["actor/entropy"] == pytest.approx(float(entropy[mask].mean()), abs=2e-6)  # token-mean shares
+    assert abs(float(entropy[own].mean()) - float(entropy[mask].mean())) > 2e-5  # the two quantities differ here
+    chains = collate([parent, other], [0, 1], tiny_tokenizer.pad_token_id)
+    metrics = accumulate_gradients(model, chains, torch.arange(2), _random_fixed(chains), cfg,
+                                   algorithms.get_policy_loss("grpo"))
+    assert metrics["actor/entropy_unique"] == pytest.approx(metrics["actor/entropy"], abs=2e-6)

@@ -11,7 +11,7 @@ import pytest
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import Segment
 from aepo_rl.rollout import tree
-from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
+from aepo_rl.rollout.entropy import branch_probability, premonitor_global_samples, step_entropy
 from aepo_rl.rollout.metrics import subtree_roots
 from aepo_rl.rollout.tree import run_rollout
 
@@ -85,16 +85,77 @@ def test_branch_probability_values():
     assert branch_probability(0.1, -1.0, 0, mode="aepo", entropy_weight=0.2, penalty=0.05) == 0.0
 
 
-def test_entropy_measures_and_delta():
+def test_entropy_measures_and_reductions():
+    """§1.2: sum (default) or mean of the first K = min(k, len) token entropies, / ln|V|."""
     seg = Segment([1] * 30, [0.0] * 30, [float(i) for i in range(30)], [0.5] * 30)
-    assert step_entropy(seg, "full", 20, 1000) == pytest.approx(9.5)  # mean of 0..19
+    assert step_entropy(seg, "full", 20, 1000) == pytest.approx(190 / math.log(1000))  # sum of 0..19
+    assert step_entropy(seg, "full", 20, 1000, "mean") == pytest.approx(9.5 / math.log(1000))
     assert step_entropy(seg, "top10_proxy", 20, 1000) == pytest.approx(10 / math.log(1000))  # sum of 20 × 0.5
-    assert entropy_delta(3.0, 1.0, "full", 1000) == pytest.approx(2 / math.log(1000))
-    assert entropy_delta(0.3, 0.1, "top10_proxy", 1000) == pytest.approx(0.2)
+    assert step_entropy(seg, "top10_proxy", 20, 1000, "mean") == pytest.approx(0.5 / math.log(1000))
     seg = Segment([1] * 30, [-0.1 * i for i in range(30)], [0.0] * 30, [])
-    assert step_entropy(seg, "surprisal", 20, 1000) == pytest.approx(0.95)  # mean of 0.0..1.9
+    assert step_entropy(seg, "surprisal", 20, 1000) == pytest.approx(19 / math.log(1000))  # sum of 0.0..1.9
+    assert step_entropy(seg, "surprisal", 20, 1000, "mean") == pytest.approx(0.95 / math.log(1000))
+    short = Segment([1] * 4, [0.0] * 4, [1.0] * 4, [1.0] * 4)
+    assert step_entropy(short, "full", 20, 1000) == pytest.approx(4 / math.log(1000))  # K = len = 4
     assert step_entropy(Segment([], [], [], []), "surprisal", 20, 1000) == 0.0
-    assert entropy_delta(3.0, 1.0, "surprisal", 1000) == pytest.approx(2 / math.log(1000))
+    with pytest.raises(ValueError, match="entropy_reduce 'max'"):
+        step_entropy(short, "full", 20, 1000, "max")
+
+
+def test_default_reduction_is_the_release_sum():
+    """The default branching signal is on the release's scale: ΔH of +1 nat on each of 20 tokens is
+    20 / ln|V|, not 1 / ln|V| (the mean of aepo-rl before 2026-12-05)."""
+    assert RolloutConfig().entropy_reduce == "sum"
+    base, up = (Segment([1] * 30, [0.0] * 30, [h] * 30, [h] * 30) for h in (1.0, 2.0))
+    delta = step_entropy(up, "full", 20, 2048) - step_entropy(base, "full", 20, 2048)
+    assert delta == pytest.approx(20 / math.log(2048))
+
+
+def test_release_example_per_nat():
+    """The release's own numbers (§1.2, §1.4): proxy summed over k = 20 tokens / ln 151,643 (Qwen3's
+    vocabulary), w = 0.2: one nat more on every token of the segment adds 0.2·20/11.93 = 0.335 to P_t
+    (34 points); a segment of 8 tokens adds 0.2·8/11.93 = 0.134; the mean of aepo-rl before the change
+    added 0.2/ln 2048 = 0.026 at the tiny model's vocabulary."""
+    vocab = 151_643
+    def w_delta(tokens, k=20, reduce="sum", v=vocab, measure="top10_proxy"):
+        lo, hi = (Segment([1] * tokens, [0.0] * tokens, [h] * tokens, [h] * tokens) for h in (0.7, 1.7))
+        return 0.2 * (step_entropy(hi, measure, k, v, reduce) - step_entropy(lo, measure, k, v, reduce))
+    assert math.log(vocab) == pytest.approx(11.929, abs=1e-3)
+    assert w_delta(30) == pytest.approx(0.3353, abs=1e-4)
+    assert w_delta(8) == pytest.approx(0.1341, abs=1e-4)
+    assert w_delta(30, reduce="mean", v=2048, measure="full") == pytest.approx(0.0262, abs=1e-4)
+    assert branch_probability(0.4, w_delta(30) / 0.2, 0, mode="arpo", entropy_weight=0.2, penalty=0.05) >= 0.5
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_three_measures_agree_when_the_top10_mass_is_one(reduce):
+    """§1.2/§1.6: where each position's distribution is uniform over j ≤ 10 tokens (top-10 mass ≈ 1),
+    full entropy, surprisal of the sampled token and the top-10 proxy are all ln j, so the three
+    measures give the same H and the same ΔH. Token statistics come from real logits through the
+    engine's own functions."""
+    import torch
+
+    from aepo_rl.algorithms import entropy_from_logits
+    from aepo_rl.engines.sampling import release_top10_proxy
+
+    vocab = 2048
+
+    def segment(widths):
+        logits = torch.full((len(widths), vocab), -40.0)
+        for row, j in enumerate(widths):
+            logits[row, :j] = 0.0
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = torch.tensor([j - 1 for j in widths])  # a token inside the top j
+        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        assert float(logprobs[:, :10].exp().sum(-1).min()) > 1 - 1e-6  # top-10 mass
+        return Segment(tokens.tolist(), chosen.tolist(), entropy_from_logits(logits).tolist(),
+                       release_top10_proxy(logprobs, tokens).tolist())
+
+    base, step = segment([1, 2, 3, 10, 5, 4, 2, 1] * 3), segment([10, 9, 8, 7, 6, 5] * 4)
+    deltas = [step_entropy(step, m, 20, vocab, reduce) - step_entropy(base, m, 20, vocab, reduce)
+              for m in ("full", "surprisal", "top10_proxy")]
+    assert deltas[0] > 0.1
+    assert deltas[1] == pytest.approx(deltas[0], rel=1e-5) and deltas[2] == pytest.approx(deltas[0], rel=1e-5)
 
 
 def test_premonitor_formulas():
@@ -109,7 +170,7 @@ def test_premonitor_formulas():
 # --- the controller ----------------------------------------------------------------------
 
 def test_premonitor_release_gives_7_of_12(tiny_tokenizer):
-    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2))
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(2, 0.0))  # equal step entropies whatever the lengths
     c = cfg(n=12, global_samples=None, premonitor=True, premonitor_formula="release", mode="aepo",
             branch_threshold=1.0, entropy_weight=0.0)  # never branch: restarts fill the rest
     result = run_rollout(engine, prompts(tiny_tokenizer, 2), tools(), c, seed=0)
@@ -139,8 +200,39 @@ def test_previous_segment_path_penalty(tiny_tokenizer):
     assert t2.fork_token_index == t1.rounds[1].end
     assert result.metrics["rollout/consecutive_branch_max"] == 2
     assert result.metrics["rollout/branches_per_prompt"] == 3
+    # branch events at l = 0 (T0, round 1), 1 (T1, round 2), 0 (T0, round 3); T0's round-2 refusal is a
+    # decision too; T1 and T2 are not asked in round 3 (the prompt is full). ΔH = 0: no flip.
+    m = result.metrics
+    assert m["rollout/consecutive_branch_mean"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_share/l0"] == pytest.approx(2 / 3)
+    assert m["rollout/consecutive_branch_share/l1"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_share/l2"] == 0 and m["rollout/consecutive_branch_share/l3plus"] == 0
+    assert m["rollout/branch_decisions"] == 4 and m["rollout/entropy_leverage"] == 0
     assert result.metrics["rollout/largest_subtree_share"] == 1.0
     assert all(t.finish_reason == "answer" for t in (t0, t1, t2, t3))
+
+
+def test_entropy_leverage_counts_the_decisions_the_entropy_term_flips(tiny_tokenizer):
+    """§1.4 with the release's previous segment, lineage baseline = round 0's entropy 3.0. Decision 1
+    (round 0, ΔH = 0, U = .3): no branch either way. Decision 2 (round 1, entropy 1.0 < 3.0, U = .55):
+    U alone would branch, U + w·ΔH does not: a flip. Decision 3 (round 2, ΔH = 0, U = .6): branches,
+    no flip. A second rollout, where only T0 branches and four times in a row, fills the l = 0, 1, 2
+    and ≥ 3 buckets."""
+    entropies = {0: 3.0, 1: 1.0, 2: 3.0, 3: 3.0}
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(3, lambda s: entropies[s.rounds]))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=2, mode="aepo"),
+                         rng=ScriptedUniforms([0.3, 0.55, 0.6]))
+    t0 = result.groups[0][0]
+    assert t0.rounds[1].branch_probability < 0.5 <= 0.55 and t0.rounds[2].branch_probability == pytest.approx(0.6)
+    m = result.metrics
+    assert m["rollout/branch_decisions"] == 3 and m["rollout/entropy_leverage"] == pytest.approx(1 / 3)
+    assert m["rollout/consecutive_branch_mean"] == 0 and m["rollout/consecutive_branch_share/l0"] == 1
+    engine = FakeEngine(tiny_tokenizer, calls_then_answer(4))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(n=5, mode="arpo"),
+                         rng=ScriptedUniforms([.9, .9, 0, .9, 0, 0, .9]))  # only T0 branches: l = 0, 1, 2, 3
+    m = result.metrics
+    assert m["rollout/consecutive_branch_mean"] == pytest.approx(1.5)
+    assert [m[f"rollout/consecutive_branch_share/{b}"] for b in ("l0", "l1", "l2", "l3plus")] == [0.25] * 4
 
 
 def test_previous_segment_prompt_round_penalty(tiny_tokenizer):
@@ -177,8 +269,10 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer):
     c = cfg(n=2, mode="arpo", entropy_segment="latest")
     result = run_rollout(engine, prompts(tiny_tokenizer), tools(), c, rng=ScriptedUniforms([0.45, 0.1, 0.1, 0.1]))
     t0, t1 = result.groups[0]
-    delta = (3.0 - 1.0) / math.log(len(tiny_tokenizer))
+    k = [min(20, sum(t0.loss_mask[r.start:r.end])) for r in t0.rounds[:2]]  # K of the root and the reaction
+    delta = (3.0 * k[1] - 1.0 * k[0]) / math.log(len(tiny_tokenizer))  # sums on the release's scale (§1.2)
     assert t0.rounds[0].branch_probability == pytest.approx(0.45 + 0.2 * delta)
+    assert result.metrics["rollout/entropy_leverage"] == 1.0  # U = .45 alone would not have branched
     assert t1.parent_id == 0 and t1.fork_token_index == t0.rounds[0].end
     assert t1.response_token_ids[:t1.fork_token_index] == t0.response_token_ids[:t1.fork_token_index]
     assert len(t1.rounds) == 4 and t1.rounds[1].start == t1.fork_token_index
@@ -190,23 +284,24 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer):
     console = Console(record=True, width=250)
     console.print(group_tree(result.groups[0], 1, "latest"))
     p = 0.45 + 0.2 * delta
-    assert f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, H=3.000, P={p:.3f})" \
+    assert f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, H={t0.rounds[1].step_entropy:.3f}, P={p:.3f})" \
         in console.export_text()
     assert all(sid in engine.released for sid in engine.seqs)
 
 
 def test_slot_persistent_baseline_survives_calls(tiny_tokenizer):
-    c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent")
+    c = cfg(n=2, mode="arpo", entropy_baseline="slot_persistent", entropy_reduce="mean")
+    ln_v = math.log(len(tiny_tokenizer))
     state = tree.RolloutState()
     run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 2.0)), prompts(tiny_tokenizer), tools(), c, state=state,
                 rng=ScriptedUniforms([0.0, 0.0]))
     resumed = tree.RolloutState()  # a checkpoint round trip keeps them too
     resumed.load_state_dict(state.state_dict())
-    assert resumed == state and state.slot_baselines and set(state.slot_baselines.values()) == {2.0}
+    assert resumed == state and state.slot_baselines and set(state.slot_baselines.values()) == {2.0 / ln_v}
     result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c,
                          state=resumed, rng=ScriptedUniforms([0.0, 0.0]))
     # slot 0's baseline is still the first call's 2.0, not this trajectory's own 5.0
-    assert result.groups[0][0].rounds[0].branch_probability == pytest.approx(0.2 * 3.0 / math.log(len(tiny_tokenizer)))
+    assert result.groups[0][0].rounds[0].branch_probability == pytest.approx(0.2 * 3.0 / ln_v)
     # without a state to carry over, the call starts from empty baselines: ΔH = 0
     fresh = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(1, 5.0)), prompts(tiny_tokenizer), tools(), c,
                         rng=ScriptedUniforms([0.0, 0.0]))
@@ -343,11 +438,15 @@ def test_hermes_garbled_json_continues(tiny_tokenizer):
 
 def test_metrics(tiny_tokenizer):
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(1, lambda s: 2.0 if s.rounds == 0 else 4.0))
-    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(mode="independent", n=2))
+    result = run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(mode="independent", n=2, entropy_reduce="mean"))
     m = result.metrics
     assert m["rollout/global_samples"] == 2 and m["rollout/branches_per_prompt"] == 0
+    assert m["rollout/branch_decisions"] == 0 and m["rollout/entropy_leverage"] == 0
+    assert m["rollout/consecutive_branch_mean"] == 0 and m["rollout/consecutive_branch_share/l0"] == 0
     assert m["rollout/largest_subtree_share"] == 0.5
-    assert m["rollout/entropy_root"] == 2.0 and m["rollout/entropy_after_tool"] == 4.0
+    ln_v = math.log(len(tiny_tokenizer))
+    assert m["rollout/entropy_root"] == pytest.approx(2.0 / ln_v)
+    assert m["rollout/entropy_after_tool"] == pytest.approx(4.0 / ln_v)
     assert m["tool_call_counts/mean"] == 1 and m["num_turns/mean"] == 2
     t = result.groups[0][0]
     assert m["response_length/mean"] == len(t.response_token_ids)
@@ -361,19 +460,20 @@ def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, tmp_path):
 
     from aepo_rl.rollout.cli import print_rollout, write_rollouts
 
-    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(3)), prompts(tiny_tokenizer), tools(), cfg(),
-                         rng=ScriptedUniforms([0.9, 0.2, 0.9, 0.52]))
+    result = run_rollout(FakeEngine(tiny_tokenizer, calls_then_answer(3)), prompts(tiny_tokenizer), tools(),
+                         cfg(entropy_reduce="mean"), rng=ScriptedUniforms([0.9, 0.2, 0.9, 0.52]))
+    h = 1.0 / math.log(len(tiny_tokenizer))
     write_rollouts(result.groups, tmp_path / "rollouts.jsonl")
     records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["traj_id"], r["parent_id"]) for r in records] == [(0, None), (1, 0), (2, 1), (3, 0)]
     assert records[3]["fork_token_index"] == result.groups[0][0].rounds[2].end
-    assert records[0]["num_tool_calls"] == 3 and records[0]["step_entropies"] == [1.0] * 4
+    assert records[0]["num_tool_calls"] == 3 and records[0]["step_entropies"] == [h] * 4
     console = Console(record=True, width=250)
     print_rollout(result, console, "previous")
     text = console.export_text()
     assert "prompt p0: 4 trajectories = 1 global samples + 0 restarts + 3 forks" in text
     assert "T0 global sample" in text
-    assert f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, H=1.000, P=0.855)" in text
+    assert f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, H={h:.3f}, P=0.855)" in text
     assert "T3 forked from T0 after round 3's tool result" in text and "P=0.520)" in text
     assert "search('q0')" in text and "rollout/largest_subtree_share" in text
 
@@ -382,3 +482,23 @@ def test_prompt_length_is_checked(tiny_tokenizer):
     engine = FakeEngine(tiny_tokenizer, calls_then_answer(0))
     with pytest.raises(ValueError, match=r"prompt 'p0' has \d+ tokens; it needs 1 to rollout.max_prompt_length=2"):
         run_rollout(engine, prompts(tiny_tokenizer), tools(), cfg(max_prompt_length=2))
+
+
+def test_premonitoring_reads_the_release_scale_whatever_the_reduction(tiny_tokenizer):
+    """§1.3: H_root and H_tool_avg are sums over k tokens / ln|V| under both reductions;
+    rollout.entropy_reduce changes ΔH only (with the mean, H_root − H_tool_avg would be K times
+    smaller and m would sit at n/2)."""
+    script = calls_then_answer(2, lambda s: 3.0 if s.rounds == 0 else 0.2)
+    ms = {}
+    for reduce in ("sum", "mean"):
+        c = cfg(n=12, global_samples=None, premonitor=True, mode="aepo", branch_threshold=1.0, entropy_weight=0.0,
+                entropy_reduce=reduce)
+        ms[reduce] = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), tools(), c,
+                                 seed=0).metrics["rollout/global_samples"]
+    # probe and round 0: "<search>q0</search>" at 3.0 nats a token; after the tool results (paper formula):
+    # "<search>q1</search>" and the answer at 0.2.
+    length = [len(tiny_tokenizer.encode(t, add_special_tokens=False))
+              for t in ("<search>q0</search>", "<search>q1</search>", "<answer>\\boxed{x}</answer>")]
+    ln_v = math.log(len(tiny_tokenizer))
+    h_root, h_tool = 3.0 * min(20, length[0]) / ln_v, 0.2 * (min(20, length[1]) + min(20, length[2])) / 2 / ln_v
+    assert ms["sum"] == ms["mean"] == premonitor_global_samples(12, h_root, h_tool, formula="paper", beta=0.5) > 6

@@ -290,6 +290,8 @@ def test_custom_keys_are_checked_with_their_verl_names():
     settings = loop_settings(rollout)
     assert settings.rollout.n == N and settings.rollout.max_response_length == RESPONSE
     assert settings.rollout.entropy_measure == "surprisal" and settings.rollout.global_samples == 2
+    assert settings.rollout.entropy_reduce == "sum"  # the release's ΔH scale (§1.2), as every aepo_rl rollout
+    assert loop_settings(trainer_config(entropy_reduce="mean").actor_rollout_ref.rollout).rollout.entropy_reduce == "mean"
     for bad, message in [({"n": 3}, "use actor_rollout_ref.rollout.n"),
                          ({"entropy_wieght": 0.2}, r"custom\.aepo\.entropy_wieght"),
                          ({"entropy_measure": "full"}, "use surprisal"),

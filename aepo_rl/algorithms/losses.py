@@ -4,6 +4,9 @@ Every loss is ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_m
 config=None, entropy=None, *, entropy_stats=None, index=None) -> (loss, metrics)`` over
 [batch, response_len] tensors; ``config`` is ``AlgorithmConfig`` (= ``PolicyLossConfig``).
 Tokens with mask 0 are ignored everywhere: they change neither the loss nor any gradient.
+The built-ins declare ``token_flags``: given ``token_flags={}``, they also put there their per-token
+bool indicators under their metric names, from which the trainer computes the same shares over the
+high-entropy tokens of a whole mini-batch (:func:`high_entropy_shares`, §7.1).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from .tensors import check_tensors, masked_mean
 
 # log(π/π_old) is clamped to ±20 before exp, as verl does, so r never overflows.
 LOG_RATIO_CLAMP = 20.0
+HIGH_ENTROPY_QUANTILE = 0.8
+"""Tokens at or above this quantile of a mini-batch's token entropies are "high-entropy" in the
+``*_high_entropy`` metrics (§7.1)."""
 
 
 def get_policy_loss(name: str):
@@ -76,7 +82,8 @@ def _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return cfg, mask, t["log_prob"], log_ratio, t["advantages"], t.get("entropy")
 
 
-def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra=None, aggregate=None):
+def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra=None, aggregate=None,
+            token_flags=None):
     """Aggregate (T of seq-mean-token-sum-norm = ``cfg.loss_scale_factor``) and compute the metrics
     (one host sync for all of them), §7.
 
@@ -86,7 +93,8 @@ def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, e
     bound: ``actor/pg_clipfrac_upper_bound`` (A > 0, r > 1+ε_h) and
     ``actor/pg_clipfrac_lower_bound`` (A < 0, r < 1−ε_l). ``upper``, ``lower``, ``dual``,
     ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their masked means
-    are plain sums over the token count."""
+    are plain sums over the token count. ``token_flags`` (a dict) receives the per-token bool
+    indicators behind the share metrics, under the same names."""
     loss = agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor) if aggregate is None else aggregate(loss_mat, mask)
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
@@ -99,35 +107,41 @@ def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, e
             "actor/ppo_kl": -log_ratio.detach().sum() / count,
             **{name: value.sum() / count for name, value in (extra or {}).items()},
         }
+        if token_flags is not None:
+            token_flags.update({"actor/pg_clipfrac": upper | lower, "actor/pg_clipfrac_lower": dual,
+                                "actor/pg_clipfrac_upper_bound": upper, "actor/pg_clipfrac_lower_bound": lower,
+                                **{name: value for name, value in (extra or {}).items() if value.dtype == torch.bool}})
         floats = torch.stack([v.float() for v in values.values()]).tolist()
     return loss, dict(zip(values, floats))
 
 
-def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False, aggregate=None):
+def _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, *, dual_clip, preserve_both=False, aggregate=None,
+               token_flags=None):
     """The clipped surrogate of ``ppo``/``gppo``/``gspo`` (hard bounds, or both gradient-preserving),
     aggregated, with its metrics."""
     loss_mat, upper, lower, dual = clipped_surrogate(ratio, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, dual_clip,
                                                      preserve_low=preserve_both, preserve_high=preserve_both)
-    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, aggregate=aggregate)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, aggregate=aggregate,
+                   token_flags=token_flags)
 
 
-@register_policy_loss("ppo", "grpo", "dapo")
+@register_policy_loss("ppo", "grpo", "dapo", token_flags=True)
 def ppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
+                    config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None, token_flags=None):
     """PPO/GRPO clipped surrogate with dual clip c (§2.3, §4). DAPO's clip-higher (§4) is this
     loss with ε_h > ε_l (``clip_ratio_high`` = 0.28 in the ``dapo`` preset)."""
     cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
-                      aggregate=aggregate)
+                      aggregate=aggregate, token_flags=token_flags)
 
 
-@register_policy_loss("gppo")
+@register_policy_loss("gppo", token_flags=True)
 def gppo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None, token_flags=None):
     """GPPO (§4): both clip bounds gradient-preserving, (1∓ε)·r/sg(r); dual clip kept."""
     cfg, mask, _, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     return _clip_loss(log_ratio.exp(), adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=cfg.clip_ratio_c,
-                      preserve_both=True, aggregate=aggregate)
+                      preserve_both=True, aggregate=aggregate, token_flags=token_flags)
 
 
 def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -139,9 +153,21 @@ def _high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, quantile: fl
     return entropy.detach() >= threshold
 
 
-@register_policy_loss("aepo", needs=("entropy", "entropy_stats"))
+def high_entropy_shares(entropy: torch.Tensor, mask: torch.Tensor, token_flags: dict[str, torch.Tensor],
+                        quantile: float = HIGH_ENTROPY_QUANTILE) -> dict[str, float]:
+    """Each flag's share among the high-entropy tokens, as ``<name>_high_entropy`` (§7.1): the masked
+    tokens whose entropy is at or above the ``quantile`` of the masked tokens' entropies. All of
+    [rows, R], typically a whole mini-batch; one host sync."""
+    mask = mask.bool()
+    high = _high_entropy_tokens(entropy, mask, quantile) & mask
+    count = high.sum().clamp(min=1)
+    values = {f"{name}_high_entropy": (flag & high).sum() / count for name, flag in token_flags.items()}
+    return dict(zip(values, torch.stack([v.float() for v in values.values()]).tolist())) if values else {}
+
+
+@register_policy_loss("aepo", needs=("entropy", "entropy_stats"), token_flags=True)
 def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None, token_flags=None):
     """AEPO entropy-balanced policy optimization (§2.2 + §2.3).
 
     Ã = A·(1 + a·z), z = (H − mean H)/std H from the detached ``entropy`` (a = entropy_adv_coef,
@@ -172,12 +198,13 @@ def aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg
                                                      cfg.clip_ratio_c, preserve_high=preserve_high)
     extra = {"actor/grad_preserved_frac": upper if preserve_high is True else upper & preserve_high,
              "actor/entropy_adv_scale/mean": torch.where(mask, scale, 0.0)}
-    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra, aggregate=aggregate)
+    return _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, extra, aggregate=aggregate,
+                   token_flags=token_flags)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", token_flags=True)
 def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                      config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
+                      config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None, token_flags=None):
     """CISPO (§4) as verl's ``compute_policy_loss_cispo``: −sg(clip(r, 1−ε_l, 1+ε_h))·A·log π —
     no token is dropped, the IS weight is clipped to [1−ε_l, 1+ε_h] whatever the sign of A.
     The CISPO paper's weight has no lower bound: ``clip_ratio_low=1`` gives it (the ``cispo``
@@ -188,16 +215,17 @@ def cispo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_ag
     weight = ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     upper, lower = ratio > 1.0 + cfg.clip_ratio_high, ratio < 1.0 - cfg.clip_ratio_low
     return _finish(-weight * adv * logp, mask, loss_agg_mode, cfg, log_ratio, upper, lower, torch.zeros_like(upper),
-                   aggregate=aggregate)
+                   aggregate=aggregate, token_flags=token_flags)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", token_flags=True)
 def gspo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None):
+                     config=None, entropy=None, *, entropy_stats=None, index=None, aggregate=None, token_flags=None):
     """GSPO (§4): sequence ratio s_i = exp(mean_t log r_i,t) over masked tokens, used per token as
     s_i,t = sg(s_i)·π_θ(y_t)/sg(π_θ(y_t)) (GSPO-token: value s_i, gradient s_i·∇log π_t), in the
     clipped surrogate with ε_l, ε_h (tiny, e.g. 3e-4/4e-4) and no dual clip."""
     cfg, mask, logp, log_ratio, adv, _ = _prepare(old_log_prob, log_prob, advantages, response_mask, config, entropy)
     seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach()[:, None]
     ratio = torch.exp(seq_log_ratio + logp - logp.detach())
-    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=None, aggregate=aggregate)
+    return _clip_loss(ratio, adv, mask, cfg, loss_agg_mode, log_ratio, dual_clip=None, aggregate=aggregate,
+                      token_flags=token_flags)

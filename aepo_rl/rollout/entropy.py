@@ -1,14 +1,15 @@
 """Step entropy, entropy pre-monitoring and the branch probability (docs/algorithm.md §1.2-§1.4).
 
-Units. A step entropy is the mean full-vocabulary token entropy in nats over the first ``k``
-tokens of a segment (``entropy_measure="full"``, the project default, §1.2), the mean surprisal
-−log π(sampled token) in nats over the same tokens (``"surprisal"``, §1.2: any engine that returns
-the sampled tokens' log-probs can give it), or the release's proxy Σ_{t<min(k,len)} H^top10_t / ln|V|
-(``"top10_proxy"``, §1.2), which is already divided by ln|V|; H^top10_t = −Σ p·log p over the 10
-most likely tokens and the sampled token when it is outside them (``Segment.top10_entropies``, as
-vLLM returns them to the release). The branching signal ΔH is put on the release's scale in every
-case: ΔH = (H_t − H_base) / ln|V| for ``full`` and ``surprisal`` and ΔH = H_t − H_base for the
-proxy (§1.4 "normalized(H_t − H_initial)"), so w = 0.2 means the same thing under each measure.
+Scale. A step entropy (§1.2) is the token entropies of a segment's first K = min(k, len) tokens,
+reduced by a sum (``entropy_reduce="sum"``, the release's scale and the default) or a mean
+(``"mean"``, aepo-rl before 2026-12-05), divided by ln|V|. The token entropy is
+the full-vocabulary entropy H_t (``entropy_measure="full"``), the surprisal −log π(x_t) of the
+sampled token (``"surprisal"``, any engine that returns log-probs) or the release's top-10 proxy
+h_t (``"top10_proxy"``, ``Segment.top10_entropies``: −Σ p·log p over the 10 most likely tokens and
+the sampled token when it is outside them, as vLLM returns them to the release). The branching
+signal is ΔH = H_t − H_base (§1.4), so w = 0.2 means the same under each measure: on a segment
+whose top-10 mass is about 1 the three measures give the same H. Under ``mean`` ΔH is K times
+smaller than the release's. Pre-monitoring (§1.3) always reads the sums (the release's scale).
 """
 
 from __future__ import annotations
@@ -18,25 +19,25 @@ import math
 from aepo_rl.engines.base import Segment
 
 
-def step_entropy(segment: Segment, measure: str, k_tokens: int, vocab_size: int) -> float:
-    """H of one segment (§1.2): mean entropy or mean surprisal of its first k tokens, or the release proxy."""
+def step_entropy(segment: Segment, measure: str, k_tokens: int, vocab_size: int, reduce: str = "sum") -> float:
+    """H of one segment (§1.2): sum (or mean) of its first K = min(k, len) token entropies, surprisals
+    or top-10 proxies, divided by ln|V|; 0 for an empty segment."""
     if measure == "full":
         head = segment.entropies[:k_tokens]
-        return sum(head) / len(head) if head else 0.0
-    if measure == "surprisal":
-        head = segment.logprobs[:k_tokens]
-        return -sum(head) / len(head) if head else 0.0
-    if measure == "top10_proxy":
+    elif measure == "surprisal":
+        head = [-logprob for logprob in segment.logprobs[:k_tokens]]
+    elif measure == "top10_proxy":
         if segment.entropies and not segment.top10_entropies:
             raise ValueError("rollout.entropy_measure=top10_proxy needs Segment.top10_entropies from the engine")
-        return sum(segment.top10_entropies[:k_tokens]) / math.log(vocab_size)
-    raise ValueError(f"unknown rollout.entropy_measure '{measure}' (full | surprisal | top10_proxy)")
-
-
-def entropy_delta(h_step: float, h_base: float, measure: str, vocab_size: int) -> float:
-    """ΔH on the release's normalised scale (§1.4): see the module docstring."""
-    delta = h_step - h_base
-    return delta if measure == "top10_proxy" else delta / math.log(vocab_size)
+        head = segment.top10_entropies[:k_tokens]
+    else:
+        raise ValueError(f"unknown rollout.entropy_measure '{measure}' (full | surprisal | top10_proxy)")
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"unknown rollout.entropy_reduce '{reduce}' (sum | mean)")
+    if not head:
+        return 0.0
+    total = sum(head) if reduce == "sum" else sum(head) / len(head)
+    return total / math.log(vocab_size)
 
 
 def branch_probability(uniform: float, delta_h: float, streak: int, *, mode: str,

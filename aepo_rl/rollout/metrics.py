@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from statistics import fmean
 
 from aepo_rl.rollout.trajectory import Round, Trajectory
@@ -10,6 +11,36 @@ from aepo_rl.rollout.trajectory import Round, Trajectory
 
 def _mean(xs: list[float]) -> float:
     return fmean(xs) if xs else 0.0
+
+
+@dataclass
+class BranchLog:
+    """What the tree controller records about its branching decisions in one call (§1.4)."""
+
+    consecutive_max: int = 0
+    """The largest l (``penalty_scope=path``) or c (``prompt_round``) reached."""
+    streaks: list[int] = field(default_factory=list)
+    """l (or c) in P_t of every decision that branched."""
+    decisions: int = 0
+    """Decisions made (candidates visited while their prompt had fewer than n trajectories)."""
+    entropy_flips: int = 0
+    """Decisions whose outcome the entropy term changed: P_t ≥ τ with w·ΔH and not without it, or the
+    reverse, the penalty applied in both (sign(U − τ) ≠ sign(U + w·ΔH − τ) for ARPO)."""
+
+
+def branch_metrics(log: BranchLog) -> dict[str, float]:
+    """Consecutive-branch count l at branch events (mean and shares of l = 0, 1, 2, ≥ 3) and the
+    entropy leverage (share of decisions the entropy term flipped), §7.2; 0 when there were none."""
+    events = len(log.streaks)
+    shares = {f"rollout/consecutive_branch_share/l{l}": sum(s == l for s in log.streaks) for l in (0, 1, 2)}
+    shares["rollout/consecutive_branch_share/l3plus"] = sum(s >= 3 for s in log.streaks)
+    return {
+        "rollout/consecutive_branch_max": float(log.consecutive_max),
+        "rollout/consecutive_branch_mean": _mean(log.streaks),
+        **{key: count / events if events else 0.0 for key, count in shares.items()},
+        "rollout/branch_decisions": float(log.decisions),
+        "rollout/entropy_leverage": log.entropy_flips / log.decisions if log.decisions else 0.0,
+    }
 
 
 def own_rounds(traj: Trajectory) -> list[Round]:
@@ -26,7 +57,7 @@ def subtree_roots(group: list[Trajectory]) -> list[int]:
     return roots
 
 
-def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], consecutive_branch_max: int,
+def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], branches: BranchLog,
                     engine_counters: dict[str, float], gen_seconds: float) -> dict[str, float]:
     trajs = [t for g in groups for t in g]
     shares = [max(Counter(subtree_roots(g)).values()) / len(g) for g in groups if g]
@@ -37,7 +68,7 @@ def rollout_metrics(groups: list[list[Trajectory]], global_samples: list[int], c
         "rollout/global_samples": _mean(global_samples),
         "rollout/branches_per_prompt": _mean([sum(t.parent_id is not None for t in g) for g in groups]),
         "rollout/largest_subtree_share": _mean(shares),
-        "rollout/consecutive_branch_max": float(consecutive_branch_max),
+        **branch_metrics(branches),
         "rollout/entropy_root": _mean(root_h),
         "rollout/entropy_after_tool": _mean(after_tool_h),
         "rollout/tool_calls": float(len(own_calls)),

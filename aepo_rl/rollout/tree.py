@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.protocol import ANSWER_CLOSE, Protocol
-from aepo_rl.rollout.entropy import branch_probability, entropy_delta, premonitor_global_samples, step_entropy
-from aepo_rl.rollout.metrics import rollout_metrics
+from aepo_rl.rollout.entropy import branch_probability, premonitor_global_samples, step_entropy
+from aepo_rl.rollout.metrics import BranchLog, rollout_metrics
 from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tools.base import Tool
@@ -87,7 +87,7 @@ class _TreeRollout:
         self.protocol = Protocol(tools, cfg.tool_format)
         prefix, suffix = self.protocol.result_wrapping(self.tok)
         self.result_prefix, self.result_suffix = self._encode(prefix), self._encode(suffix)
-        self.consecutive_max = 0
+        self.branches = BranchLog()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -119,15 +119,16 @@ class _TreeRollout:
             live.shadow = None
 
     # -- one round -------------------------------------------------------------------------
-    def _generate_round(self, live: list[_Live]) -> None:
-        """Generate a segment for every active trajectory, then run and append the tool calls."""
+    def _generate_round(self, live: list[_Live], reduce: str) -> None:
+        """Generate a segment for every active trajectory, then run and append the tool calls; step
+        entropies (§1.2) with the reduction ``reduce``."""
         cfg, budget = self.cfg, self.cfg.max_response_length
         max_new = [min(cfg.max_tokens_per_round, budget - len(x.traj.response_token_ids)) for x in live]
         segments = self.engine.generate([x.seq for x in live], self.params, max_new)
         calls = []
         for x, seg in zip(live, segments):
             traj = x.traj
-            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size)
+            h = step_entropy(seg, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, reduce)
             start = len(traj.response_token_ids)
             traj.response_token_ids += seg.token_ids
             traj.loss_mask += [1] * len(seg.token_ids)
@@ -189,15 +190,21 @@ class _TreeRollout:
                 base = self.state.slot_baselines[x.group * n + traj.traj_id]
             else:
                 base = x.root_entropy
-            delta = entropy_delta(h, base, cfg.entropy_measure, self.engine.vocab_size)
+            delta = h - base  # ΔH on the release's scale (§1.4)
             streak = x.streak if cfg.penalty_scope == "path" else counters[x.group]
-            p = branch_probability(self.rng.random(), delta, streak, mode=cfg.mode,
-                                   entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
+            uniform = self.rng.random()
+            rule = dict(mode=cfg.mode, entropy_weight=cfg.entropy_weight, penalty=cfg.branch_penalty)
+            p = branch_probability(uniform, delta, streak, **rule)
+            p_without_entropy = branch_probability(uniform, 0.0, streak, **rule)  # for the entropy leverage
             decided.branch_probability = p
+            log = self.branches
+            log.decisions += 1
+            log.entropy_flips += (p >= cfg.branch_threshold) != (p_without_entropy >= cfg.branch_threshold)
             if p >= cfg.branch_threshold:
+                log.streaks.append(streak)
                 if cfg.penalty_scope == "path":  # children inherit the incremented count
                     x.streak += 1
-                    self.consecutive_max = max(self.consecutive_max, x.streak)
+                    log.consecutive_max = max(log.consecutive_max, x.streak)
                 children = min(cfg.branch_factor, n - len(groups[x.group]))
                 source = x.shadow if latest else x.seq
                 for i in range(children):
@@ -211,7 +218,7 @@ class _TreeRollout:
 
     # -- the whole tree --------------------------------------------------------------------
     def grow(self, prompts: list[tuple[str, list[int]]], global_samples: list[int], n: int,
-             branching: bool) -> list[list[Trajectory]]:
+             branching: bool, reduce: str) -> list[list[Trajectory]]:
         cfg = self.cfg
         latest = cfg.entropy_segment == "latest"
         groups: list[list[Trajectory]] = [[] for _ in prompts]
@@ -228,7 +235,7 @@ class _TreeRollout:
                 for x in live:
                     if x.after_tool and len(groups[x.group]) < n:
                         x.shadow, x.shadow_point = self.engine.fork(x.seq), len(x.traj.response_token_ids)
-            self._generate_round(live)
+            self._generate_round(live, reduce)
             gained: set[int] = set()
             if branching:
                 if cfg.entropy_baseline == "slot_persistent":
@@ -248,20 +255,24 @@ class _TreeRollout:
             if gained:
                 counters = [c + 1 if g in gained else 0 for g, c in enumerate(counters)]
                 if cfg.penalty_scope == "prompt_round":
-                    self.consecutive_max = max(self.consecutive_max, *counters)
+                    self.branches.consecutive_max = max(self.branches.consecutive_max, *counters)
         for traj in (t for group in groups for t in group):
             traj.response_text = self.tok.decode(traj.response_token_ids, skip_special_tokens=False)
         return groups
 
     def premonitor(self, prompts: list[tuple[str, list[int]]], n: int) -> list[int]:
-        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded)."""
+        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded).
+
+        Their step entropies are sums over k tokens / ln|V| (the release's scale) whatever
+        ``rollout.entropy_reduce``, which sets the reduction of ΔH only."""
         cfg = self.cfg
         seqs = [self.engine.add_sequence(list(ids)) for _, ids in prompts]
         probes = self.engine.generate(seqs, self.params, [cfg.premonitor_probe_tokens] * len(seqs))
         for seq in seqs:
             self.engine.release(seq)
-        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size) for s in probes]
-        pre = self.grow(prompts, [1] * len(prompts), 1, branching=False)
+        h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, "sum")
+                   for s in probes]
+        pre = self.grow(prompts, [1] * len(prompts), 1, branching=False, reduce="sum")
         ms = []
         for h_root, (traj,) in zip(h_roots, pre):
             # release: every segment of the pre-rollout; paper: the segments after a tool result.
@@ -319,9 +330,9 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
             ms = tree.premonitor(prompts, n)
         else:
             ms = [max(1, n // 2)] * len(prompts)
-        groups = tree.grow(prompts, ms, n, branching)
+        groups = tree.grow(prompts, ms, n, branching, cfg.entropy_reduce)
     finally:
         tree.close()
     seconds = time.perf_counter() - t0
     counters = {k: v - counters_before.get(k, 0.0) for k, v in engine.stats().items()}
-    return RolloutResult(groups, rollout_metrics(groups, ms, tree.consecutive_max, counters, seconds), ms)
+    return RolloutResult(groups, rollout_metrics(groups, ms, tree.branches, counters, seconds), ms)

@@ -116,6 +116,7 @@ class Batch:
     responses: torch.Tensor       # [B, R] response token ids, right-padded
     response_mask: torch.Tensor   # [B, R] 1.0 = model-written token (trained); 0.0 = tool result or pad
     group_index: torch.Tensor     # [B] prompt group of each row
+    shared_prefix: torch.Tensor   # [B] leading response tokens copied from an earlier row (a fork's prefix, §1.5)
 
     @property
     def num_rows(self) -> int:
@@ -125,7 +126,8 @@ class Batch:
         """A sub-batch, trimmed to its longest sequence (shorter micro-batches run faster)."""
         longest = int(self.sequence_lengths[index].max())
         return Batch(self.input_ids[index, :longest], self.prompt_lengths[index], self.sequence_lengths[index],
-                     self.responses[index], self.response_mask[index], self.group_index[index])
+                     self.responses[index], self.response_mask[index], self.group_index[index],
+                     self.shared_prefix[index])
 
     def to(self, device: torch.device) -> Batch:
         """The batch on ``device`` (itself when it is there already)."""
@@ -154,7 +156,8 @@ def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id
                  prompt_lengths=torch.tensor([len(p) for p in prompts]),
                  sequence_lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
                  responses=response_ids, response_mask=response_mask,
-                 group_index=torch.tensor(group_index))
+                 group_index=torch.tensor(group_index),
+                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]))
 
 
 def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0
@@ -279,6 +282,15 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     generated the rollout), so z depends neither on micro-batch packing nor on how far the policy
     moved in earlier mini-batches; the micro-batch scope (release) lets the loss use the current
     forward's entropies of each micro-batch.
+
+    Clipping on high-entropy tokens (§7.1): a loss that declares ``token_flags`` hands back its
+    per-token indicators (clipped, dual clip, preserved gradient); after the last micro-batch their
+    shares over the mini-batch's tokens with H ≥ its 0.8-quantile (current forward, masked tokens)
+    are logged as ``<metric>_high_entropy``.
+
+    ``actor/entropy`` is verl's (masked mean over the rows, so a fork's copied prefix counts once per
+    leaf); ``actor/entropy_unique`` counts every token of a tree once: the masked tokens at or after
+    each row's ``shared_prefix`` (§7.1).
     """
     algo = cfg.algorithm
     if algo.loss_scale_factor is None:
@@ -287,11 +299,15 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     rows = by_length(batch, rows)
     mini_mask = mask[rows]
     gives_entropy = registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy")
+    flags_wanted = registry.POLICY_LOSSES.capabilities(algo.policy_loss)["token_flags"]
+    flagged: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
     stats = None
     if registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats") and algo.entropy_adv_coef > 0:
         stats = algorithms.entropy_stats(fixed.old_entropy[rows], mini_mask, algo.entropy_adv_scope,
                                          index=batch.group_index[rows])
     sums: dict[str, float] = {}
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    unique_sum, unique_count = torch.zeros((), device=mask.device), torch.zeros((), device=mask.device)
     for positions in torch.split(torch.arange(len(rows), device=rows.device), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
@@ -303,12 +319,16 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         micro_stats = None if stats is None else tuple(s[positions] if s.dim() else s for s in stats)
         if on_policy:
             fixed.old_log_probs[micro], fixed.old_entropy[micro] = log_probs.detach(), entropy.detach()
+        token_flags: dict[str, torch.Tensor] = {}
         loss, loss_metrics = policy_loss(
             fixed.old_log_probs[micro], log_probs, fixed.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo,
             entropy=entropy.detach() if gives_entropy else None,
             entropy_stats=micro_stats,
-            index=batch.group_index[micro])
+            index=batch.group_index[micro],
+            **({"token_flags": token_flags} if flags_wanted else {}))
+        if flags_wanted:
+            flagged.append((entropy.detach(), micro_mask, token_flags))
         if algo.entropy_coeff > 0:
             loss = loss + algorithms.entropy_bonus(entropy, micro_mask, algo.entropy_coeff, algo.loss_agg_mode,
                                                    algo.loss_scale_factor)
@@ -321,6 +341,13 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
+        own = micro_mask.bool() & (columns >= batch.shared_prefix[micro, None])
+        unique_sum, unique_count = unique_sum + (entropy.detach() * own).sum(), unique_count + own.sum()
+    sums["actor/entropy_unique"] = float(unique_sum / unique_count.clamp(min=1))
+    if flagged:
+        entropies, masks, flags = zip(*flagged)
+        sums.update(algorithms.high_entropy_shares(torch.cat(entropies), torch.cat(masks),
+                                                   {name: torch.cat([f[name] for f in flags]) for name in flags[0]}))
     return sums
 
 
@@ -656,9 +683,11 @@ class RLTrainer:
 
     @staticmethod
     def rollout_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
-        """Diversity and length on top of the rollout's own §7 metrics."""
+        """Diversity, length and the share of informative groups (score std > 0: the groups that give
+        a non-zero GRPO advantage, §2.1) on top of the rollout's own §7 metrics."""
         distinct = [len({tuple(t.response_token_ids) for t in g.trajectories}) for g in groups]
         return {"rollout/distinct_per_group": float(np.mean(distinct)),
+                "rollout/informative_group_frac": float(np.mean([len(set(g.scores)) > 1 for g in groups])),
                 "response_length/max": float(max(len(t.response_token_ids) for g in groups for t in g.trajectories))}
 
     def _rollout_records(self, trajectories, scores, advantages, mask) -> list[dict]:
