@@ -13,6 +13,7 @@ A checkpoint holds the policy as a standard Hugging Face folder (``model/``) and
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from aepo_rl.errors import disk_full_as_oserror
-from aepo_rl.models import save_policy
+from aepo_rl.models import ModelPathError, save_policy
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -105,7 +106,12 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
     baselines (§1.4) at the top level as ``slot_baselines``; they are moved to where the trainer
     reads them now.
     """
-    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False, map_location="cpu")
+    path = Path(checkpoint) / "trainer_state.pt"
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:  # what torch raises for a cut or corrupt file
+        raise ModelPathError(f"{path}: the checkpoint's trainer state is truncated or damaged ({type(err).__name__}: "
+                             f"{err}); delete {Path(checkpoint)} to resume from the checkpoint before it") from err
     if "slot_baselines" in state:
         state["trainer"].setdefault("rollout", {"slot_baselines": state.pop("slot_baselines")})
     return state

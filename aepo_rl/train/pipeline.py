@@ -182,16 +182,13 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None)
     if (sft_dir / "config.json").is_file():
         get_console().print(f"SFT model found: {sft_dir}")
         return str(sft_dir)
-    from aepo_rl.train.sft import dev_demonstrations, run_sft
+    from aepo_rl.train.sft import dev_demonstrations, run_sft, task_demonstrations
 
     task = task or _get_task(cfg)
+    demonstrations = task_demonstrations(cfg, task) if cfg.sft.epochs > 0 else []
     model, tokenizer = load_policy(cfg, task)
     metrics: dict = {}
     if cfg.sft.epochs > 0:
-        demonstrations = task.demonstrations()
-        if not demonstrations:
-            raise ValueError(f"task {task.name!r} has no demonstrations for cold-start SFT; set sft.epochs=0 "
-                             "and model.path to a model that already follows the tool protocol")
         get_console().print(f"[bold]cold-start SFT[/] on {len(demonstrations)} demonstrations, {cfg.sft.epochs} epochs")
         metrics = run_sft(cfg, model, tokenizer, demonstrations, dev_demonstrations(task))
     ckpt.atomic_write_text(Path(run_dir) / "sft_metrics.json", json.dumps(metrics, indent=2, default=float))

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
+from aepo_rl.errors import UserError
 from aepo_rl.models import apply_lora, encode_prompt, model_device
 from aepo_rl.protocol import ANSWER, ANSWER_CLOSE
 from aepo_rl.train.forward import decoder_hidden, lm_head
@@ -206,6 +207,22 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     return metrics
 
 
+class NoDemonstrationsError(UserError, ValueError):
+    """Cold-start SFT was asked for (``sft.epochs`` > 0) on a task without demonstrations."""
+
+
+def task_demonstrations(cfg: Config, task) -> list[Demonstration]:
+    """The task's demonstrations for cold-start SFT, read before any model is built; NoDemonstrationsError when
+    there are none, naming the task and the two ways on."""
+    demonstrations = task.demonstrations()
+    if not demonstrations:
+        raise NoDemonstrationsError(
+            f"task {task.name!r} has no demonstrations for cold-start SFT (sft.epochs={cfg.sft.epochs}): only the "
+            "synthetic task and plugin tasks with demonstrations() have them (docs/training.md); set sft.epochs=0 and "
+            "model.path to a model that already follows the tool protocol")
+    return demonstrations
+
+
 def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     """``aepo sft``: train on the task's demonstrations, save ``<out>/checkpoints/sft``, evaluate."""
     from aepo_rl.config import to_yaml
@@ -220,10 +237,11 @@ def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     task = get_task(cfg)
+    demonstrations = task_demonstrations(cfg, task)
     model, tokenizer = load_policy(cfg, task)
     console.print(f"[bold]SFT[/] {task.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
                   f"{len(tokenizer)} tokens vocabulary")
-    metrics = run_sft(cfg, model, tokenizer, task.demonstrations(), dev_demonstrations(task))
+    metrics = run_sft(cfg, model, tokenizer, demonstrations, dev_demonstrations(task))
     checkpoint = save_policy(model, tokenizer, out / "checkpoints" / "sft")
     atomic_write_text(out / "sft_metrics.json", json.dumps(metrics, indent=1))
     console.print(f"final loss {metrics['final_loss']:.4f}, {metrics['tokens_per_s']:.0f} tok/s, "
