@@ -241,32 +241,29 @@ def test_every_option_has_a_help_text():
                 assert action.help, f"{name} {'/'.join(action.option_strings) or action.dest} has no help text"
 
 
+def heavy_imports_of(lines: str) -> tuple[list[str], str]:
+    """Run ``lines`` (after ``from aepo_rl.cli import main``) in a fresh interpreter: the torch and transformers
+    modules it imported, and its stderr."""
+    script = (f"import sys, contextlib, io\nfrom aepo_rl.cli import main\n{lines}\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')), done.stderr
+
+
 @pytest.mark.parametrize("argv", [["train"], ["train", "--resume", "runs/none"], ["sft"], ["eval"], ["rollout"],
                                   ["verl-data", "--out", "verl"]])
 def test_a_wrong_key_fails_before_torch_is_imported(argv):
-    script = ("import sys\n"
-              "from aepo_rl.cli import main\n"
-              f"assert main({argv + ['trainer.learning_rate=1e-5']!r}) == 2\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().replace("'", '"')) == []
-    assert "unknown config key 'trainer.learning_rate'" in done.stderr
+    imported, err = heavy_imports_of(f"assert main({argv + ['trainer.learning_rate=1e-5']!r}) == 2")
+    assert imported == [] and "unknown config key 'trainer.learning_rate'" in err
 
 
 def test_config_show_does_not_import_torch():
-    script = ("import sys, contextlib, io\n"
-              "from aepo_rl.cli import main\n"
-              "with contextlib.redirect_stdout(io.StringIO()):\n"
-              "    assert main(['config', 'show']) == 0\n"
-              "assert main(['config', 'show', 'algorithm.policy_loss=nope']) == 2\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().replace("'", '"')) == []
-    assert "algorithm.policy_loss='nope' is not allowed" in done.stderr
+    imported, err = heavy_imports_of("with contextlib.redirect_stdout(io.StringIO()):\n"
+                                     "    assert main(['config', 'show']) == 0\n"
+                                     "assert main(['config', 'show', 'algorithm.policy_loss=nope']) == 2")
+    assert imported == [] and "algorithm.policy_loss='nope' is not allowed" in err
 
 
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
