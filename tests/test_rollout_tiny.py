@@ -145,3 +145,39 @@ def test_aepo_rollout_command(tmp_path, capsys):
                for r in records)
     text = capsys.readouterr().out
     assert "T0 global sample" in text and "rollout/global_samples" in text and "rollouts.jsonl" in text
+
+
+def test_rollout_without_model_uses_the_newest_model_trained_on_the_task(tmp_path, monkeypatch):
+    from aepo_rl.config import load_config
+    from aepo_rl.rollout.cli import find_trained_model, rollout_main
+
+    def run(name, task, checkpoints):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(f"task:\n  name: {task}\n")
+        for checkpoint in checkpoints:
+            (folder / "checkpoints" / checkpoint).mkdir(parents=True)
+            (folder / "checkpoints" / checkpoint / "config.json").write_text("{}")
+        return folder
+
+    assert find_trained_model(tmp_path / "runs", "file") is None
+    sft_only = run("sft-run", "file", ["sft"])
+    assert find_trained_model(tmp_path / "runs", "file") == sft_only / "checkpoints" / "sft"
+    rl = run("rl-run", "file", ["sft", "step_000002/model", "step_000004/model"])
+    run("other-task", "synthetic", ["sft"])
+    assert find_trained_model(tmp_path / "runs", "file") == rl / "checkpoints" / "step_000004" / "model"
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "q", "answer": "a"}\n')
+    loaded = []
+
+    def fake_load_policy(cfg, task):
+        loaded.append(cfg.model.path)
+        raise KeyboardInterrupt  # stop before any model is built
+
+    monkeypatch.setattr("aepo_rl.models.load_policy", fake_load_policy)
+    cfg = load_config(overrides={"task.name": "file", "task.train_files": [str(rows)],
+                                 "trainer.run_dir": str(tmp_path / "runs")})
+    with pytest.raises(KeyboardInterrupt):
+        rollout_main(cfg, num_prompts=1, out_dir=str(tmp_path / "out"), random_model=True)
+    assert loaded == [str(rl / "checkpoints" / "step_000004" / "model")]

@@ -44,7 +44,6 @@ from aepo_rl import algorithms, registry
 from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
-from aepo_rl.errors import UserError
 from aepo_rl.models import encode_prompt, model_device
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
@@ -92,10 +91,10 @@ class DataOrder:
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size or state["seed"] != self.seed:
-            raise UserError(f"data order mismatch: the checkpoint was trained on {state['size']} training examples with "
-                            f"seed {state['seed']}, this run has {self.size} with seed {self.seed}; resume with the "
-                            "training data the run used (the same train_dataset, task.train_files or task.name) and its "
-                            "trainer.seed")
+            raise ConfigError(f"data order mismatch: the checkpoint was trained on {state['size']} training examples with "
+                              f"seed {state['seed']}, this run has {self.size} with seed {self.seed}; resume with the "
+                              "training data the run used (the same train_dataset, task.train_files or task.name) and "
+                              "its trainer.seed")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
 
 

@@ -25,7 +25,7 @@ def check_registrations() -> None:
     if not loss.installed():
         missing.append("the entropy-forwarding ppo_loss (verl.workers.utils.losses.ppo_loss is not the plugin's)")
     if missing:
-        raise RuntimeError(f"aepo-rl verl plugin: not registered: {', '.join(missing)}; reinstall aepo-rl[verl] "
+        raise RuntimeError(f"aepo-rl verl plugin: not registered: {', '.join(missing)}; reinstall it (pip install -e '.[verl]' in the aepo-rl clone) "
                            "at the same version on every node (docs/verl.md)")
 
 
