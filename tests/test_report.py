@@ -54,6 +54,22 @@ def test_plot_runs_overlays_runs_and_skips_missing_panels(tmp_path, capsys):
     assert "skipped clip_fraction.png: no run logged actor/pg_clipfrac or actor/pg_clipfrac_lower" in out
 
 
+def legends_of(monkeypatch) -> dict[str, list[str]]:
+    """``{png name: legend texts}`` of every figure saved from now on."""
+    from matplotlib.figure import Figure
+
+    legends = {}
+    original = Figure.savefig
+
+    def spy(fig, path, **kwargs):
+        legends[Path(path).name] = [t.get_text() for ax in fig.axes if ax.get_legend()
+                                    for t in ax.get_legend().get_texts()]
+        return original(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return legends
+
+
 def test_trailing_mean_by_hand():
     assert trailing_mean([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
     assert trailing_mean([3.0, 1.0, 2.0], 10) == [3.0, 2.0, 2.0]
@@ -61,16 +77,7 @@ def test_trailing_mean_by_hand():
 
 
 def test_long_noisy_series_get_a_trailing_mean_and_short_ones_do_not(tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-
-    legends = {}
-    original = Figure.savefig
-
-    def spy(fig, path, **kwargs):
-        legends[Path(path).name] = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
-        return original(fig, path, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
+    legends = legends_of(monkeypatch)
     long = write_run(tmp_path, "long", [{"step": s, "critic/score/mean": (-1) ** s * 0.5} for s in range(1, 41)])
     short = write_run(tmp_path, "short", [{"step": s, "critic/score/mean": 0.1 * s} for s in range(1, 5)])
     plot_runs([long, short], tmp_path / "plots")
@@ -161,22 +168,6 @@ def test_aepo_report_command(tmp_path):
     run = write_run(tmp_path, "r", [full_record(s) for s in range(1, 3)])
     assert main(["report", str(run), "--out", str(tmp_path / "figs")]) == 0
     assert_valid_png(tmp_path / "figs" / "tool_calls.png")
-
-
-def legends_of(monkeypatch) -> dict[str, list[str]]:
-    """``{png name: legend texts}`` of every figure saved from now on."""
-    from matplotlib.figure import Figure
-
-    legends = {}
-    original = Figure.savefig
-
-    def spy(fig, path, **kwargs):
-        legends[Path(path).name] = [t.get_text() for ax in fig.axes if ax.get_legend()
-                                    for t in ax.get_legend().get_texts()]
-        return original(fig, path, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
-    return legends
 
 
 def test_pass1_is_drawn_with_its_question_count_and_a_95_percent_interval(tmp_path, monkeypatch):
