@@ -327,7 +327,9 @@ class AEPOTrainer:
         except KeyboardInterrupt:  # RunInterrupted (RL saved its last step), Ctrl-C or SIGTERM in SFT/eval
             raise
         except BaseException:
-            if not resumed:
+            if not resumed and not run_started(run_dir):
+                (run_dir / DATASET_RUN).unlink(missing_ok=True)
+                shutil.rmtree(run_dir / START_MODEL, ignore_errors=True)
                 _undo_failed_start(run_dir)
             raise
         write_plots(run_dir)

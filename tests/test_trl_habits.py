@@ -185,3 +185,14 @@ def test_trl_log_names_and_frac_reward_zero_std():
     assert logs["reward"] == 0.5 and logs["completions/mean_length"] == 12.0
     assert logs["frac_reward_zero_std"] == 0.75
     assert "frac_reward_zero_std" not in trl_logs({"critic/score/mean": 0.5})
+
+
+def test_rows_without_demonstrations_and_sft_asked_for_fail_before_a_model_is_built(monkeypatch, tmp_path):
+    from aepo_rl.train.sft import NoDemonstrationsError
+
+    monkeypatch.setattr("aepo_rl.train.pipeline.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    trainer = AEPOTrainer(train_dataset=TRAIN, reward_funcs=[correct], tools=["python"], output_dir=tmp_path / "run")
+    with pytest.raises(NoDemonstrationsError, match=r"task 'dataset' has no demonstrations for cold-start SFT "
+                                                    r"\(sft.epochs=8\).*set sft.epochs=0"):
+        trainer.train()
+    assert not (tmp_path / "run").exists()  # the failed start left nothing behind
