@@ -105,9 +105,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args, extra)
     check_writable(args.out, "--out")
     from aepo_rl.rollout.cli import rollout_main
+    from aepo_rl.train.checkpoint import find_trained_model
 
+    found = None
+    if cfg.model.path is None and cfg.model.init is None:  # random weights would give flat trees: a trained model?
+        found = find_trained_model(cfg.trainer.run_dir, cfg.task.name)
+        if found is not None:
+            cfg.model.path = str(found)
     return rollout_main(cfg, num_prompts=args.num_prompts, out_dir=args.out,
-                        random_model=args.model is None)
+                        random_model=cfg.model.path is None and cfg.model.init is None, found_model=found)
 
 
 def cmd_verl_data(args: argparse.Namespace) -> int:

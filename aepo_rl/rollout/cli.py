@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -74,32 +73,11 @@ def print_rollout(result: RolloutResult, console: Console, entropy_segment: str 
     console.print(table)
 
 
-def find_trained_model(run_dir: str | Path, task_name: str) -> Path | None:
-    """The model of the newest run folder under ``run_dir`` trained on ``task_name`` (its config.yaml says so):
-    its newest step checkpoint's model, else its SFT model; None when there is none."""
-    import yaml
-
-    from aepo_rl.train.checkpoint import latest_checkpoint
-
-    runs = [config.parent for config in Path(run_dir).expanduser().glob("*/config.yaml")]
-    for run in sorted(runs, key=lambda folder: folder.stat().st_mtime, reverse=True):
-        try:
-            task = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("task", {}).get("name")
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue
-        if task != task_name:
-            continue
-        latest = latest_checkpoint(run / "checkpoints")
-        for model in ([latest / "model"] if latest else []) + [run / "checkpoints" / "sft"]:
-            if (model / "config.json").is_file():
-                return model
-    return None
-
-
-def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool) -> int:
-    """Build task, policy and engine from ``cfg``; roll out the first K training prompts once. Without a model
-    (``random_model``), the newest model trained on the task under ``trainer.run_dir`` is used when there is one:
-    the tiny model's random weights rarely call a tool, so their trees are flat."""
+def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool,
+                 found_model: str | Path | None = None) -> int:
+    """Build task, policy and engine from ``cfg``; roll out the first K training prompts once. ``random_model``:
+    no model was given or found, so the tiny model's random weights are rolled out (their trees are flat);
+    ``found_model``: the trained model ``aepo rollout`` found for the task (``model.path``), to name it."""
     from aepo_rl.engines import build_engine, check_entropy_measure
     from aepo_rl.models import encode_prompt, load_policy
     from aepo_rl.tasks import get_task
@@ -112,16 +90,13 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     examples = task.examples("train")[:num_prompts]
     if not examples:
         raise ValueError(f"task '{task.name}' has no training questions")
-    trained = find_trained_model(cfg.trainer.run_dir, task.name) if random_model and not cfg.model.init else None
-    if trained is not None:
-        cfg = copy.deepcopy(cfg)
-        cfg.model.path = str(trained)
+    if found_model is not None:
         console.print(f"no --model: using the newest model trained on {task.name} under {cfg.trainer.run_dir}: "
-                      f"{trained} (--model chooses another)")
+                      f"{found_model} (--model chooses another)")
     model, tokenizer = load_policy(cfg, task)
     if cfg.model.init:
         console.print(f"[yellow]model.init={cfg.model.init}: random weights (expect noise and few tool calls)[/]")
-    elif random_model and trained is None:
+    elif random_model:
         console.print(f"[yellow]no --model, and no model trained on {task.name} under {cfg.trainer.run_dir}: a tiny "
                       "model with random weights, which rarely writes a tool call, so its trees are flat (no forks); "
                       "train one first (aepo train, or aepo sft) or pass --model HF_DIR[/]")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from aepo_rl.errors import disk_full_as_oserror
 from aepo_rl.models import ModelPathError, save_policy
@@ -75,6 +76,24 @@ def step_dirs(checkpoint_dir: str | Path) -> list[Path]:
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     dirs = step_dirs(checkpoint_dir)
     return dirs[-1] if dirs else None
+
+
+def find_trained_model(run_dir: str | Path, task_name: str) -> Path | None:
+    """The model of the newest run folder under ``run_dir`` trained on ``task_name`` (its config.yaml says so):
+    its newest step checkpoint's model, else its SFT model; None when there is none."""
+    runs = [config.parent for config in Path(run_dir).expanduser().glob("*/config.yaml")]
+    for run in sorted(runs, key=lambda folder: folder.stat().st_mtime, reverse=True):
+        try:
+            task = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("task", {}).get("name")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if task != task_name:
+            continue
+        latest = latest_checkpoint(run / "checkpoints")
+        for model in ([latest / "model"] if latest else []) + [run / "checkpoints" / "sft"]:
+            if (model / "config.json").is_file():
+                return model
+    return None
 
 
 def save_checkpoint(checkpoint_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int) -> Path:
