@@ -195,3 +195,21 @@ def test_rows_without_demonstrations_and_sft_asked_for_fail_before_a_model_is_bu
     with pytest.raises(UserError, match=r"task 'dataset' has no demonstrations for cold-start SFT.*set sft.epochs=0"):
         trainer.train()
     assert not (tmp_path / "run").exists()  # the failed start left nothing behind
+
+
+def test_a_wrong_model_path_or_callback_is_refused_at_construction(tmp_path, monkeypatch):
+    from aepo_rl.models import ModelPathError
+
+    (tmp_path / "models" / "Qwen3-0.6B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelPathError, match=r"model.path='models/qwen3-0.6b': no such folder .*did you mean "
+                                             r"'models/Qwen3-0.6B'\?"):
+        AEPOTrainer(model="models/qwen3-0.6b")
+
+    class NeedsArguments(transformers.TrainerCallback):
+        def __init__(self, threshold):
+            self.threshold = threshold
+
+    with pytest.raises(TypeError, match=r"callbacks\[0\]: the class NeedsArguments cannot be built without arguments"):
+        AEPOTrainer(callbacks=[NeedsArguments])
+    assert AEPOTrainer(callbacks=[NeedsArguments(0.5)]).callbacks[0].callback.threshold == 0.5
