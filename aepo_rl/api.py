@@ -37,8 +37,8 @@ from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
                                     _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
-                                    before_after_table, check_rl_engine, evaluate_model, new_run_dir, resume_config,
-                                    run_rl_stage, run_started, run_sft_stage, write_plots)
+                                    before_after_table, check_rl_engine, evaluate_model, load_run_config, new_run_dir,
+                                    resume_config, run_rl_stage, run_started, run_sft_stage, write_plots)
 
 DATASET_RUN = "dataset_run.json"
 """In a run folder made from Python datasets: their row counts, the reward functions and the tools, which
@@ -264,7 +264,7 @@ class AEPOTrainer:
             get_console().print(f"resume_from_checkpoint: no run in {run_dir} yet; starting one")
             return
         check_datasets_given(run_dir, self._task is not None)
-        saved = yaml_config(run_dir)
+        saved = to_dict(load_run_config(run_dir))
         mine = to_dict(self.cfg)
         if self._model_object is not None:  # the run trains from its own copy of the model object
             mine["model"]["path"] = saved["model"]["path"]
@@ -294,6 +294,9 @@ class AEPOTrainer:
             raise TypeError(f"resume_from_checkpoint={resume_from_checkpoint!r}: give True (continue the run in "
                             "output_dir from its newest checkpoint); a run is continued whole, not from one of its "
                             "checkpoint folders; AEPOTrainer.resume(run_dir) continues another folder")
+        if resume_from_checkpoint and self.overwrite_output_dir:
+            raise TypeError("resume_from_checkpoint=True continues the run in output_dir and overwrite_output_dir=True "
+                            "deletes it: choose one")
         if resume_from_checkpoint and self.run_dir is None:
             self._continue_existing_run()
         cfg, resumed = self.cfg, self._resumed is not None
@@ -380,12 +383,6 @@ def check_datasets_given(run_dir: Path, given: bool) -> None:
         "which its config.yaml cannot hold, so the command line cannot continue it; continue it from Python with "
         f"the same ones: AEPOTrainer.resume({str(run_dir)!r}, train_dataset=..., eval_dataset=..., "
         "reward_funcs=[...], reward_weights=[...], tools=[...])")
-
-
-def yaml_config(run_dir: Path) -> dict:
-    from aepo_rl.train.pipeline import load_run_config
-
-    return to_dict(load_run_config(run_dir))
 
 
 def _flat_keys(data: dict, prefix: str = "") -> list[str]:
