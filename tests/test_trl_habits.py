@@ -213,3 +213,11 @@ def test_a_wrong_model_path_or_callback_is_refused_at_construction(tmp_path, mon
     with pytest.raises(TypeError, match=r"callbacks\[0\]: the class NeedsArguments cannot be built without arguments"):
         AEPOTrainer(callbacks=[NeedsArguments])
     assert AEPOTrainer(callbacks=[NeedsArguments(0.5)]).callbacks[0].callback.threshold == 0.5
+
+
+def test_resume_from_checkpoint_takes_true_and_not_with_overwrite(tmp_path):
+    with pytest.raises(TypeError, match=r"resume_from_checkpoint='runs/x/checkpoint-5': give True"):
+        AEPOTrainer(output_dir=tmp_path / "run").train(resume_from_checkpoint="runs/x/checkpoint-5")
+    with pytest.raises(TypeError, match=r"overwrite_output_dir=True deletes it: choose one"):
+        AEPOTrainer(output_dir=tmp_path / "run", overwrite_output_dir=True).train(resume_from_checkpoint=True)
+    assert not (tmp_path / "run").exists()
