@@ -66,12 +66,8 @@ class HFCallback:
     is refused then, not mid-run."""
 
     def __init__(self, callback: Any, cfg, index: int):
-        try:
-            from transformers import TrainerControl, TrainerState, TrainingArguments
-        except ImportError as err:  # transformers' TrainingArguments needs accelerate
-            raise TypeError(f"callbacks[{index}] ({_name(callback)}) is a transformers.TrainerCallback, whose "
-                            f"arguments need transformers' TrainingArguments, which cannot be imported here ({err}); "
-                            "pip install accelerate, or subclass aepo_rl.TrainerCallback instead") from None
+        from transformers import TrainerControl, TrainerState
+
         if isinstance(callback, type):
             try:
                 callback = callback()
@@ -80,12 +76,20 @@ class HFCallback:
                                 f"({err}); pass an instance") from None
         self.callback = callback
         trainer = cfg.trainer
-        self.args = TrainingArguments(
-            output_dir=str(Path(trainer.run_dir) / (trainer.run_name or "")), learning_rate=trainer.lr,
-            max_steps=trainer.steps, seed=trainer.seed, save_steps=trainer.save_every, logging_steps=1,
-            eval_steps=trainer.eval_every or None, weight_decay=trainer.weight_decay, max_grad_norm=trainer.grad_clip,
-            warmup_steps=trainer.warmup_steps, per_device_train_batch_size=trainer.batch_size * cfg.rollout.n,
-            run_name=trainer.run_name, report_to=[], use_cpu=trainer.device == "cpu")
+        try:
+            from transformers import TrainingArguments
+
+            self.args = TrainingArguments(
+                output_dir=str(Path(trainer.run_dir) / (trainer.run_name or "")), learning_rate=trainer.lr,
+                max_steps=trainer.steps, seed=trainer.seed, save_steps=trainer.save_every, logging_steps=1,
+                eval_steps=trainer.eval_every or None, weight_decay=trainer.weight_decay,
+                max_grad_norm=trainer.grad_clip, warmup_steps=trainer.warmup_steps,
+                per_device_train_batch_size=trainer.batch_size * cfg.rollout.n, run_name=trainer.run_name,
+                report_to=[], use_cpu=trainer.device == "cpu")
+        except ImportError as err:  # transformers' TrainingArguments needs accelerate
+            raise TypeError(f"callbacks[{index}] ({_name(callback)}) is a transformers.TrainerCallback, whose "
+                            f"arguments are transformers' TrainingArguments, which cannot be built here ({err}); "
+                            "pip install accelerate, or subclass aepo_rl.TrainerCallback instead") from None
         self.state = TrainerState(max_steps=trainer.steps, logging_steps=1, save_steps=trainer.save_every,
                                   is_local_process_zero=True, is_world_process_zero=True)
         self.control = TrainerControl()

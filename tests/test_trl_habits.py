@@ -221,3 +221,13 @@ def test_resume_from_checkpoint_takes_true_and_not_with_overwrite(tmp_path):
     with pytest.raises(TypeError, match=r"overwrite_output_dir=True deletes it: choose one"):
         AEPOTrainer(output_dir=tmp_path / "run", overwrite_output_dir=True).train(resume_from_checkpoint=True)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_hf_callback_that_cannot_get_its_arguments_is_refused_at_construction(monkeypatch):
+    def no_accelerate(self, *args, **kwargs):
+        raise ImportError("Using the Trainer with PyTorch requires accelerate")
+
+    monkeypatch.setattr(transformers.TrainingArguments, "__init__", no_accelerate)
+    with pytest.raises(TypeError, match=r"callbacks\[0\] \(StopAfterFirstStep\) is a transformers.TrainerCallback.*"
+                                        r"pip install accelerate, or subclass aepo_rl.TrainerCallback"):
+        AEPOTrainer(callbacks=[StopAfterFirstStep()])
