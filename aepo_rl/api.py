@@ -21,20 +21,31 @@ task is the config's (``task.name``), as on the command line. docs/python-api.md
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from aepo_rl.config import Config, ConfigError, load_config, set_key, to_yaml, validate
+from aepo_rl.config import (TRL_ALIASES, TRL_NEAR, Config, ConfigError, load_config, set_key, to_dict, to_yaml,
+                            validate)
+from aepo_rl.hf_callbacks import HFCallback, is_hf_callback
 from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.sft_data import load_sft_data
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
-                                    _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
-                                    before_after_table, check_rl_engine, evaluate_model, new_run_dir, resume_config,
-                                    run_rl_stage, run_sft_stage, write_plots)
+                                    _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
+                                    before_after_table, check_rl_engine, evaluate_model, load_run_config, new_run_dir,
+                                    resume_config, run_rl_stage, run_started, run_sft_stage, write_plots)
+
+DATASET_RUN = "dataset_run.json"
+"""In a run folder made from Python datasets: their row counts, the reward functions and the tools, which
+config.yaml cannot hold; its presence tells a resume that the run needs them again."""
+START_MODEL = "start_model"
+"""The run folder's copy of a ``model=`` object (and its ``processing_class``): the run's ``model.path``."""
 
 __all__ = ["AEPOTrainer", "TrainerCallback", "train_main"]
 
@@ -86,11 +97,16 @@ class _Callbacks(StageHooks):
     def saved(self, step: int, path: Path) -> None:
         self.fire("on_save", step, Path(path))
 
+    def should_stop(self) -> bool:
+        return any(getattr(callback, "stop_requested", False) for callback in self.callbacks)
 
-def _check_callbacks(callbacks) -> list:
+
+def _check_callbacks(callbacks, cfg: Config) -> list:
     callbacks = list(callbacks or [])
     for i, callback in enumerate(callbacks):
-        if not any(callable(getattr(callback, event, None)) for event in CALLBACK_EVENTS):
+        if is_hf_callback(callback):
+            callbacks[i] = HFCallback(callback, cfg, i)
+        elif not any(callable(getattr(callback, event, None)) for event in CALLBACK_EVENTS):
             raise TypeError(f"callbacks[{i}] ({type(callback).__name__}) has none of the methods "
                             f"{', '.join(CALLBACK_EVENTS)}: subclass aepo_rl.TrainerCallback and override one")
     return callbacks
@@ -123,28 +139,45 @@ class AEPOTrainer:
     functions of one string; default ``search`` and ``python``, built from ``task.*``) and
     ``reward_funcs`` with ``reward_weights`` (default: the registered reward ``task.reward``). Without
     one it is the config's ``task.name``, and ``reward_funcs`` and ``tools`` must be left unset.
-    ``callbacks``: :class:`TrainerCallback` objects. ``sft_dataset``: your demonstrations for cold-start SFT
-    (rows or a file, :mod:`aepo_rl.train.sft_data`; docs/training.md) instead of the task's.
+    ``callbacks``: :class:`TrainerCallback` objects, or ``transformers.TrainerCallback`` ones
+    (:mod:`aepo_rl.hf_callbacks`). ``sft_dataset``: your demonstrations for cold-start SFT (rows or a
+    file, :mod:`aepo_rl.train.sft_data`; docs/training.md) instead of the task's.
+
+    TRL's habits: ``model`` may be a loaded ``transformers`` model with its tokenizer as
+    ``processing_class`` (both are saved into the run folder, which trains from that copy);
+    TRL's argument names with an exact counterpart (:data:`aepo_rl.config.TRL_ALIASES`:
+    ``learning_rate``, ``num_generations``, ``max_completion_length``, …) are accepted as keyword
+    arguments; a run folder that already holds a run is continued with
+    ``train(resume_from_checkpoint=True)`` or replaced with ``overwrite_output_dir=True``.
     """
 
     def __init__(self, config: Config | str | None = None, *, train_dataset=None, eval_dataset=None,
-                 reward_funcs=None, reward_weights=None, tools=None, callbacks=None, model: str | None = None,
-                 output_dir: str | Path | None = None, overrides: dict[str, Any] | None = None, sft_dataset=None):
+                 reward_funcs=None, reward_weights=None, tools=None, callbacks=None, model=None,
+                 processing_class=None, output_dir: str | Path | None = None, overwrite_output_dir: bool = False,
+                 overrides: dict[str, Any] | None = None, sft_dataset=None, **trl_args):
         cfg = _build_config(config, overrides)
+        _apply_trl_args(cfg, trl_args)
         if isinstance(sft_dataset, (str, Path)):  # a file: sft.data, so config.yaml names it
             set_key(cfg, "sft.data", [str(sft_dataset)])
             sft_dataset = None
-        if model is not None:
+        self._model_object, self._processing_class = _model_object(model, processing_class)
+        if model is not None and self._model_object is None:
             set_key(cfg, "model.path", str(model))
         if output_dir is not None:
             output_dir = Path(output_dir)
             set_key(cfg, "trainer.run_dir", str(output_dir.parent))
             set_key(cfg, "trainer.run_name", output_dir.name)
         validate(cfg)
+        if self._model_object is None and cfg.model.path not in (None, "smollm2"):
+            from aepo_rl.models import check_model_dir
+
+            check_model_dir(cfg.model.path)  # a wrong path fails now, not after the task is built
         self.cfg = cfg
         self._sft_data = load_sft_data(cfg, sft_dataset)
-        self.callbacks = _check_callbacks(callbacks)
+        self.overwrite_output_dir = overwrite_output_dir
+        self.callbacks = _check_callbacks(callbacks, cfg)
         self._hooks = _Callbacks(self, self.callbacks)
+        self._dataset_run: dict | None = None
         self._task = self._dataset_task(train_dataset, eval_dataset, reward_funcs, reward_weights, tools)
         self.run_dir: Path | None = None
         """The run folder, once the run has started (``train()``, or ``evaluate()`` before it)."""
@@ -173,6 +206,9 @@ class AEPOTrainer:
                                   judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
         train = dataset_rows(train_dataset, "train_dataset") if train_dataset is not None else []
         evaluation = dataset_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else []
+        self._dataset_run = {"train_rows": len(train), "eval_rows": len(evaluation), "reward_funcs": rewards.names,
+                             "tools": [tool if isinstance(tool, str) else getattr(tool, "name", None)
+                                       or getattr(tool, "__name__", type(tool).__name__) for tool in tools]}
         return DatasetTask("dataset", train, evaluation, rewards, tools=tools, task_cfg=task_cfg,
                            tool_options=ToolOptions.from_config(self.cfg))
 
@@ -181,6 +217,7 @@ class AEPOTrainer:
         """A trainer that continues the run in ``run_dir`` with its own config.yaml, changed by ``overrides`` (only
         ``aepo_rl.train.pipeline.RESUME_SAFE_KEYS``); give a dataset run its datasets, rewards and tools again."""
         run_dir = Path(run_dir)
+        check_datasets_given(run_dir, kwargs.get("train_dataset") is not None or kwargs.get("eval_dataset") is not None)
         cfg, changed = resume_config(run_dir, overrides or {})
         trainer = cls(cfg, **kwargs)
         trainer.run_dir, trainer._resumed = run_dir, changed
@@ -208,10 +245,38 @@ class AEPOTrainer:
         """The run folder: created (with config.yaml) on first use, unless the run is resumed."""
         if self.run_dir is None:
             check_rl_engine(self.cfg)
+            planned = Path(self.cfg.trainer.run_dir) / (self.cfg.trainer.run_name or "")
+            if self.overwrite_output_dir and self.cfg.trainer.run_name and (planned / "config.yaml").is_file():
+                get_console().print(f"overwrite_output_dir: deleting the run in {planned}")
+                shutil.rmtree(planned)
             self.run_dir = new_run_dir(self.cfg)
+            if self._model_object is not None:
+                start = self.run_dir / START_MODEL
+                self._model_object.save_pretrained(start)
+                self._processing_class.save_pretrained(start)
+                set_key(self.cfg, "model.path", str(start))
+            if self._dataset_run is not None:
+                ckpt.atomic_write_text(self.run_dir / DATASET_RUN, json.dumps(self._dataset_run, indent=2))
             ckpt.atomic_write_text(self.run_dir / "config.yaml", to_yaml(self.cfg))
             get_console().print(f"[bold]run folder[/] {self.run_dir}")
         return self.run_dir
+
+    def _continue_existing_run(self) -> None:
+        """``train(resume_from_checkpoint=True)``: continue the run already in the output folder, as
+        :meth:`resume` would, when there is one; the trainer's config may differ from the run's only in
+        :data:`~aepo_rl.train.pipeline.RESUME_SAFE_KEYS`."""
+        run_dir = Path(self.cfg.trainer.run_dir) / (self.cfg.trainer.run_name or "")
+        if not self.cfg.trainer.run_name or not (run_dir / "config.yaml").is_file() or not run_started(run_dir):
+            get_console().print(f"resume_from_checkpoint: no run in {run_dir} yet; starting one")
+            return
+        check_datasets_given(run_dir, self._task is not None)
+        saved = to_dict(load_run_config(run_dir))
+        mine = to_dict(self.cfg)
+        if self._model_object is not None:  # the run trains from its own copy of the model object
+            mine["model"]["path"] = saved["model"]["path"]
+        differing = {key: _lookup(mine, key) for key in _flat_keys(mine) if _lookup(mine, key) != _lookup(saved, key)}
+        self.cfg, self._resumed = resume_config(run_dir, differing)
+        self.run_dir = run_dir
 
     def _policy(self):
         """The RL trainer over the current policy: the one of ``train()``, or one built from the run's newest
@@ -224,17 +289,27 @@ class AEPOTrainer:
 
     # -- train, evaluate, save ------------------------------------------------------------------
 
-    def train(self) -> dict:
+    def train(self, resume_from_checkpoint: bool | None = None) -> dict:
         """Run the pipeline to the end, reusing every stage the run folder already holds; returns
         ``{"sft": {...}, "rl": {...}}``, the evaluations before and after RL (eval.json; empty entries
         without evaluation questions). Ctrl-C or SIGTERM: RL saves its step and
         :class:`~aepo_rl.train.pipeline.RunInterrupted` (a KeyboardInterrupt) is raised; ``AEPOTrainer.resume``
-        continues."""
+        or ``train(resume_from_checkpoint=True)`` continues. ``resume_from_checkpoint=True``: continue the
+        run already in ``output_dir`` (from its newest checkpoint), or start it when there is none."""
+        if resume_from_checkpoint not in (None, False, True):
+            raise TypeError(f"resume_from_checkpoint={resume_from_checkpoint!r}: give True (continue the run in "
+                            "output_dir from its newest checkpoint); a run is continued whole, not from one of its "
+                            "checkpoint folders; AEPOTrainer.resume(run_dir) continues another folder")
+        if resume_from_checkpoint and self.overwrite_output_dir:
+            raise TypeError("resume_from_checkpoint=True continues the run in output_dir and overwrite_output_dir=True "
+                            "deletes it: choose one")
+        if resume_from_checkpoint and self.run_dir is None:
+            self._continue_existing_run()
         cfg, resumed = self.cfg, self._resumed is not None
         check_rl_engine(cfg)
         if resumed:
             get_console().print(f"[bold]resuming[/] {self.run_dir}")
-            _forget_stale_results(self.run_dir, self._resumed)
+            _forget_stale_results(self.run_dir, self._resumed, cfg.trainer.steps)
         run_dir = self._start_run()
         t_start = time.perf_counter()
         seconds: dict[str, float] = {}
@@ -261,7 +336,9 @@ class AEPOTrainer:
         except KeyboardInterrupt:  # RunInterrupted (RL saved its last step), Ctrl-C or SIGTERM in SFT/eval
             raise
         except BaseException:
-            if not resumed:
+            if not resumed and not run_started(run_dir):
+                (run_dir / DATASET_RUN).unlink(missing_ok=True)
+                shutil.rmtree(run_dir / START_MODEL, ignore_errors=True)
                 _undo_failed_start(run_dir)
             raise
         write_plots(run_dir)
@@ -297,6 +374,70 @@ class AEPOTrainer:
 
         rl = self._policy()
         return Path(save_policy(rl.model, rl.tokenizer, Path(path) if path is not None else self.run_dir / "model"))
+
+
+def check_datasets_given(run_dir: Path, given: bool) -> None:
+    """Refuse to continue a run made from Python datasets without them (its config.yaml holds the config's
+    task, not the rows, reward functions and tools), naming what the run used and how to resume it."""
+    path = Path(run_dir) / DATASET_RUN
+    if given or not path.is_file():
+        return
+    made = json.loads(path.read_text())
+    raise ConfigError(
+        f"{run_dir} was made by AEPOTrainer from Python datasets ({made['train_rows']} training rows, "
+        f"{made['eval_rows']} evaluation rows, reward functions {made['reward_funcs']}, tools {made['tools']}), "
+        "which its config.yaml cannot hold, so the command line cannot continue it; continue it from Python with "
+        f"the same ones: AEPOTrainer.resume({str(run_dir)!r}, train_dataset=..., eval_dataset=..., "
+        "reward_funcs=[...], reward_weights=[...], tools=[...])")
+
+
+def _flat_keys(data: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys.extend(_flat_keys(value, dotted + ".") if isinstance(value, dict) else [dotted])
+    return keys
+
+
+def _apply_trl_args(cfg: Config, trl_args: dict[str, Any]) -> None:
+    """TRL's names of our keys (:data:`TRL_ALIASES`) set those keys, each with a note; TRL's names without an exact
+    counterpart and anything else are refused, naming what to use."""
+    for name, value in trl_args.items():
+        if name in TRL_ALIASES:
+            set_key(cfg, TRL_ALIASES[name], value)
+            get_console().print(f"[dim]{name}={value!r}: TRL's name, set as {TRL_ALIASES[name]}[/]")
+        elif name in TRL_NEAR:
+            raise TypeError(f"AEPOTrainer: TRL's {name} has no exact counterpart here: {TRL_NEAR[name]}")
+        else:
+            known = [p for p in inspect.signature(AEPOTrainer.__init__).parameters if p not in ("self", "trl_args")]
+            match = difflib.get_close_matches(name, known + list(TRL_ALIASES), n=1, cutoff=0.6)
+            hint = f"; did you mean {match[0]!r}?" if match else (
+                "; config keys go in overrides={'section.key': value} (`aepo config show` lists them)")
+            raise TypeError(f"AEPOTrainer got an unexpected keyword argument {name!r}{hint}")
+
+
+def _model_object(model, processing_class):
+    """``(model, tokenizer)`` when ``model`` is a loaded model (kept, to be saved into the run folder), else
+    ``(None, None)`` for a path; refuses what cannot be used, with the fix."""
+    if model is None or isinstance(model, (str, Path)):
+        if processing_class is not None:
+            raise TypeError("processing_class goes with a model object (model=AutoModelForCausalLM.from_pretrained(...)); "
+                            "with a model folder or 'smollm2' the folder's own tokenizer is used: save yours into it "
+                            "(tokenizer.save_pretrained(folder)) and drop processing_class")
+        return None, None
+    if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
+        raise TypeError(f"model must be a Hugging Face model folder, 'smollm2', or a loaded transformers model, got "
+                        f"{type(model).__name__}")
+    if hasattr(model, "peft_config"):
+        raise TypeError("model is a PEFT model: merge its adapters first (model = model.merge_and_unload()), or pass "
+                        "the base model and set model.lora_rank in overrides to train LoRA adapters here")
+    if processing_class is None:
+        raise TypeError(f"model is a loaded {type(model).__name__}: also pass its tokenizer as processing_class= "
+                        "(AutoTokenizer.from_pretrained(...)); both are saved into the run folder, which trains "
+                        "from that copy")
+    if not hasattr(processing_class, "save_pretrained") or not hasattr(processing_class, "encode"):
+        raise TypeError(f"processing_class must be a transformers tokenizer, got {type(processing_class).__name__}")
+    return model, processing_class
 
 
 def train_main(cfg: Config | None, resume: str | None = None, overrides: dict | None = None) -> int:

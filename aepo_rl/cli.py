@@ -22,7 +22,7 @@ import os
 import sys
 
 from aepo_rl import __version__
-from aepo_rl.config import PRESETS, ConfigError, load_config, parse_overrides
+from aepo_rl.config import PRESETS, Config, ConfigError, load_config, parse_overrides, set_key
 from aepo_rl.errors import UserError, check_writable, os_error_message
 from aepo_rl.registry import load_plugins
 
@@ -50,8 +50,7 @@ def _check_out(out: str | None, cfg) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from aepo_rl.api import train_main
-
+    # The config is checked before aepo_rl.api imports torch and transformers: a wrong key fails at once.
     if args.resume:
         if args.config_file or args.preset != "aepo":
             raise ConfigError("--resume continues a run with its own config.yaml and preset; drop --preset and "
@@ -59,23 +58,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.sft_data:
             raise ConfigError("--sft-data starts a run; --resume continues one with its own SFT model")
         check_writable(args.resume, "--resume")
-        return train_main(None, resume=args.resume, overrides=parse_overrides(args.overrides))
+        overrides = parse_overrides(args.overrides)
+        for key, value in overrides.items():
+            set_key(Config(), key, value)  # an unknown key or a wrong type; the run's own checks come later
+        from aepo_rl.api import train_main
+
+        return train_main(None, resume=args.resume, overrides=overrides)
     cfg = _config(args)
     check_writable(cfg.trainer.run_dir, "trainer.run_dir")
+    from aepo_rl.api import train_main
+
     return train_main(cfg)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from aepo_rl.train.sft import sft_main
-
     cfg = _config(args)
     _check_out(args.out, cfg)
+    from aepo_rl.train.sft import sft_main
+
     return sft_main(cfg, out_dir=args.out)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from aepo_rl.evaluate import eval_main
-
     extra = {"eval.samples": args.samples} if args.samples is not None else {}
     if args.task:
         extra["task.name"] = args.task
@@ -83,7 +87,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         extra["eval.greedy"] = "true"
     if args.model:
         extra["model.path"] = args.model
-    return eval_main(_config(args, extra), out_file=args.out, endpoint=args.endpoint,
+    cfg = _config(args, extra)
+    from aepo_rl.evaluate import eval_main
+
+    return eval_main(cfg, out_file=args.out, endpoint=args.endpoint,
                      endpoint_model=args.endpoint_model)
 
 
@@ -98,22 +105,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from aepo_rl.rollout.cli import rollout_main
-
     extra = {"task.name": args.task} if args.task else {}
     if args.model:
         extra["model.path"] = args.model
     cfg = _config(args, extra)
     check_writable(args.out, "--out")
+    from aepo_rl.rollout.cli import rollout_main
+    from aepo_rl.train.checkpoint import find_trained_model
+
+    found = None
+    if cfg.model.path is None and cfg.model.init is None:  # random weights would give flat trees: a trained model?
+        found = find_trained_model(cfg.trainer.run_dir, cfg.task.name)
+        if found is not None:
+            cfg.model.path = str(found)
     return rollout_main(cfg, num_prompts=args.num_prompts, out_dir=args.out,
-                        random_model=args.model is None)
+                        random_model=cfg.model.path is None and cfg.model.init is None, found_model=found)
 
 
 def cmd_verl_data(args: argparse.Namespace) -> int:
-    from aepo_rl.integrations.verl.data import verl_data_main
-
     cfg = _config(args, {"task.name": args.task} if args.task else {})
     check_writable(args.out, "--out")
+    from aepo_rl.integrations.verl.data import verl_data_main
+
     return verl_data_main(cfg, args.out)
 
 

@@ -323,6 +323,52 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+TRL_ALIASES: dict[str, str] = {
+    "learning_rate": "trainer.lr", "num_generations": "rollout.n", "max_steps": "trainer.steps",
+    "max_completion_length": "rollout.max_response_length", "max_prompt_length": "rollout.max_prompt_length",
+    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k", "min_p": "rollout.min_p",
+    "repetition_penalty": "rollout.repetition_penalty", "epsilon": "algorithm.clip_ratio_low",
+    "epsilon_high": "algorithm.clip_ratio_high", "delta": "algorithm.clip_ratio_c", "seed": "trainer.seed",
+    "save_steps": "trainer.save_every", "save_total_limit": "trainer.keep_checkpoints", "eval_steps": "trainer.eval_every",
+    "warmup_steps": "trainer.warmup_steps", "weight_decay": "trainer.weight_decay", "max_grad_norm": "trainer.grad_clip",
+    "num_iterations": "trainer.ppo_epochs", "bf16": "trainer.bf16", "run_name": "trainer.run_name",
+    "gradient_checkpointing": "model.gradient_checkpointing", "num_generations_eval": "eval.samples",
+}
+"""TRL ``GRPOConfig`` / transformers ``TrainingArguments`` names with the same meaning as one of our keys: the
+messages for an unknown key name ours, and :class:`aepo_rl.AEPOTrainer` accepts them as keyword arguments."""
+
+TRL_NEAR: dict[str, str] = {
+    "beta": "a KL term to the reference is algorithm.use_kl_loss=true with algorithm.kl_loss_coef=<beta>",
+    "per_device_train_batch_size": "trainer.batch_size counts prompts (TRL's per_device_train_batch_size / "
+                                   "num_generations); each prompt gets rollout.n trajectories",
+    "gradient_accumulation_steps": "trainer.mini_batch_size (prompts per optimizer step) and trainer.micro_batch_size "
+                                   "(sequences per forward and backward)",
+    "num_train_epochs": "RL here counts steps, not epochs: trainer.steps steps of trainer.batch_size prompts each",
+    "logging_steps": "every RL step is logged (metrics.jsonl, TensorBoard): there is nothing to set",
+    "loss_type": "algorithm.loss_agg_mode (TRL's dapo is token-mean, grpo is seq-mean-token-mean)",
+    "scale_rewards": "algorithm.norm_adv_by_std (true: TRL's scale_rewards='group'; false: 'none')",
+    "report_to": "trainer.tensorboard and trainer.wandb_project",
+    "use_vllm": "rollout.engine=vllm (docs/engines.md)",
+    "use_cpu": "trainer.device=cpu",
+    "lr_scheduler_type": "trainer.lr_schedule (constant or cosine)",
+    "warmup_ratio": "trainer.warmup_steps (RL) or sft.warmup_ratio (cold-start SFT)",
+    "per_device_eval_batch_size": "eval.batch_size (questions per rollout call)",
+    "output_dir": "AEPOTrainer(output_dir=...), or trainer.run_dir and trainer.run_name",
+    "reward_weights": "AEPOTrainer(reward_weights=[...])",
+}
+"""TRL / transformers names without an exact counterpart: what to set instead."""
+
+
+def trl_hint(name: str) -> str:
+    """What ``name`` (a bare or dotted key whose last part may be a TRL name) is called here, or ""."""
+    last = name.rsplit(".", 1)[-1]
+    if last in TRL_ALIASES:
+        return f"; TRL's {last} is {TRL_ALIASES[last]} here"
+    if last in TRL_NEAR:
+        return f"; TRL's {last} has no exact counterpart here: {TRL_NEAR[last]}"
+    return ""
+
+
 def _closest(name: str, options: list[str]) -> str:
     match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else ""
@@ -386,7 +432,7 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
         if part not in names:
             prefix = ".".join(parts[:depth])
             full = [f"{prefix}.{n}" if prefix else n for n in names]
-            hint = _closest(dotted, full) or f"; valid keys: {', '.join(full)}"
+            hint = trl_hint(dotted) or _closest(dotted, full) or f"; valid keys: {', '.join(full)}"
             raise ConfigError(f"unknown config key '{dotted}'{hint}")
         tp = _field_types(type(obj))[part]
         if depth == len(parts) - 1:

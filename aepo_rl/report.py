@@ -63,7 +63,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         raise MetricsError(f"run folder {run} does not exist")
     path = run / "metrics.jsonl"
     if not path.is_file():
-        raise MetricsError(f"{path} does not exist: is {run} a run folder?")
+        if any((run / name).is_file() for name in ("eval.json", "sft_metrics.json")):
+            return []  # no RL step yet: an `aepo sft` folder, or a run stopped before RL
+        raise MetricsError(f"{path} does not exist: is {run} a run folder (of aepo train, aepo sft or aepo compare)?")
     try:
         lines = list(read_jsonl(path))
     except JsonlError as err:
@@ -98,7 +100,29 @@ def read_eval_points(run_dir: str | Path, last_step: int) -> dict[int, dict[str,
         for key, result in results.items():
             if isinstance(result, dict) and _is_number(result.get("pass@1")):
                 points.setdefault(step, {})[f"eval/{key}/pass@1"] = float(result["pass@1"])
+                if _is_number(result.get("num_questions")):
+                    points[step][f"eval/{key}/num_questions"] = int(result["num_questions"])
     return points
+
+
+def pass1_halfwidth(pass1: float, num_questions: int) -> float:
+    """Half-width of the 95% interval drawn around a pass@1 over ``num_questions`` questions:
+    1.96·sqrt(p(1 − p)/n). Each question's pass@1 lies in [0, 1] with mean p, so its variance is at most
+    p(1 − p) (equal with one sample per question): the interval is exact for K = 1 and at most this wide
+    for K > 1."""
+    return 1.96 * math.sqrt(max(pass1 * (1 - pass1), 0.0) / num_questions) if num_questions > 0 else 0.0
+
+
+def read_sft_loss(run_dir: str | Path) -> list[float]:
+    """The cold-start SFT loss per optimizer step (``sft_metrics.json``'s ``loss_curve``); [] without one."""
+    path = Path(run_dir) / "sft_metrics.json"
+    if not path.is_file():
+        return []
+    try:
+        curve = json.loads(path.read_text()).get("loss_curve", [])
+    except (json.JSONDecodeError, AttributeError):
+        raise MetricsError(f"{path}: expected a JSON object with a 'loss_curve' list") from None
+    return [float(v) for v in curve if _is_number(v)]
 
 
 def read_run(run_dir: str | Path) -> list[dict]:
@@ -141,7 +165,36 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path) -> list[Path]:
     Runs are overlaid, labelled by folder name. A panel no run has data for is skipped and
     reported on stdout.
     """
-    return plot_records(_read_runs(run_dirs), out_dir)
+    written = plot_records(_read_runs(run_dirs), out_dir)
+    sft = plot_sft_loss(run_dirs, out_dir)
+    return written + ([sft] if sft else [])
+
+
+def plot_sft_loss(run_dirs: list, out_dir: str | Path) -> Path | None:
+    """``sft_loss.png``: the cold-start SFT loss per optimizer step of every run that has one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {_run_label(Path(d), run_dirs): read_sft_loss(d) for d in run_dirs}
+    curves = {run: curve for run, curve in curves.items() if curve}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for run, curve in curves.items():
+        ax.plot(range(1, len(curve) + 1), curve, label=run)
+    ax.set_xlabel("SFT optimizer step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle("Cold-start SFT loss")
+    fig.tight_layout()
+    path = Path(out_dir) / "sft_loss.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
@@ -166,6 +219,11 @@ def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]
             for run, lines in per_metric[metric].items():
                 for name, (steps, values) in lines.items():
                     label = run if name == metric else f"{run}: {name}"
+                    count = _question_count(runs[run], name)
+                    if count:
+                        ax.errorbar(steps, values, yerr=[pass1_halfwidth(v, count) for v in values], marker="o",
+                                    markersize=3, capsize=3, label=f"{label} ({count} questions, 95% interval)")
+                        continue
                     if len(steps) < SMOOTH_MIN_POINTS:
                         ax.plot(steps, values, marker="o", markersize=3, label=label)
                         continue
@@ -206,7 +264,10 @@ def report_main(runs: list[str], out_dir: str | None = None) -> int:
 
     try:
         records = _read_runs(runs)
-        written = plot_records(records, out_dir or Path(runs[0]) / "plots")
+        out = out_dir or Path(runs[0]) / "plots"
+        written = plot_records(records, out)
+        sft = plot_sft_loss(runs, out)
+        written += [sft] if sft else []
     except MetricsError as err:
         print(f"aepo report: error: {err}")
         return 2
@@ -223,6 +284,15 @@ def report_main(runs: list[str], out_dir: str | None = None) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _question_count(records: list[dict], name: str) -> int | None:
+    """The question count of an evaluation metric ``eval/<task>/<split>/pass@1`` (from eval.json), else None."""
+    if not (name.startswith("eval/") and name.endswith("/pass@1")):
+        return None
+    counts = [r[name.removesuffix("pass@1") + "num_questions"] for r in records
+              if _is_number(r.get(name.removesuffix("pass@1") + "num_questions"))]
+    return int(counts[-1]) if counts else None
 
 
 def _read_runs(run_dirs: list) -> dict[str, list[dict]]:

@@ -307,8 +307,38 @@ class RewardSetupError(UserError, ValueError):
 
 
 class RewardFunctionError(UserError, TypeError):
-    """A reward function returned something other than one float (or None) per completion; the message
-    names the function, the completion and the fix."""
+    """A reward function raised, or returned something other than one float (or None) per completion; the
+    message names the function, what went wrong and the fix."""
+
+
+def _check_signature(fn) -> None:
+    """Refuse, before any work, a reward function that cannot take TRL's keyword call
+    ``fn(prompts=, completions=, completion_ids=, <every other column>=)``: one without ``**kwargs``,
+    or with a parameter that cannot be given by keyword."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: its call will tell
+        return
+    name = function_name(fn)
+    positional = [p.name for p in parameters if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional:
+        raise RewardSetupError(f"reward function '{name}': parameter(s) {', '.join(positional)} are positional-only, "
+                               "but reward functions are called with keyword arguments only (prompts=, completions=, "
+                               "completion_ids= and one per dataset column); drop the '/'")
+    if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        given = ", ".join(p.name for p in parameters if p.kind != p.VAR_POSITIONAL)
+        raise RewardSetupError(f"reward function '{name}({given})' has no **kwargs: it is called with prompts=, "
+                               "completions=, completion_ids= and every other column of the row (answer=, …) as "
+                               f"keyword arguments; end its parameters with **kwargs, as TRL's reward functions do: "
+                               f"def {name}({given + ', ' if given else ''}**kwargs)")
+
+
+def _raised(fn, err: Exception, kwargs: dict) -> RewardFunctionError:
+    count = len(kwargs.get("completions", []))
+    return RewardFunctionError(
+        f"reward function '{function_name(fn)}' raised {type(err).__name__}: {err} (called with {count} completions "
+        f"and the keyword arguments {', '.join(kwargs)}); fix the function (the traceback chained to this error "
+        "shows the line; `aepo --debug` prints it)")
 
 
 def function_name(fn) -> str:
@@ -339,6 +369,8 @@ class WeightedRewards:
             elif not callable(fn):
                 raise RewardSetupError(f"reward_funcs[{i}] is a {type(fn).__name__}, not a function: give a callable "
                                 "fn(prompts, completions, **columns) -> list[float], or a registered reward name")
+            else:
+                _check_signature(fn)
             self.funcs.append(fn)
         self.names = [function_name(fn) for fn in self.funcs]
         weights = [1.0] * len(self.funcs) if weights is None else list(weights)
@@ -409,13 +441,28 @@ class WeightedRewards:
 def _call_all(funcs, kwargs: dict) -> list:
     """Call every function with ``kwargs``; awaitables (async functions) are awaited together on one event loop
     (in a thread of its own when the caller already runs one, as in a notebook)."""
-    values = [fn(**kwargs) for fn in funcs]
+    values = []
+    for fn in funcs:
+        try:
+            values.append(fn(**kwargs))
+        except UserError:
+            raise
+        except Exception as err:
+            raise _raised(fn, err, kwargs) from err
     pending = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
     if not pending:
         return values
 
+    async def awaited(i: int):
+        try:
+            return await values[i]
+        except UserError:
+            raise
+        except Exception as err:
+            raise _raised(funcs[i], err, kwargs) from err
+
     async def gather():
-        return await asyncio.gather(*(values[i] for i in pending))
+        return await asyncio.gather(*(awaited(i) for i in pending))
 
     try:
         asyncio.get_running_loop()

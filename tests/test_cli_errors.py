@@ -114,6 +114,47 @@ def test_a_hub_id_says_how_to_download_it(capsys):
     assert code == 2 and "hf download Qwen/Qwen3-0.6B --local-dir" in err
 
 
+def test_a_mistyped_local_model_path_is_a_missing_folder_not_a_hub_id(capsys, tmp_path, monkeypatch):
+    (tmp_path / "models" / "Qwen3-0.6B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_main(capsys, "eval", "--model", "models/qwen3-0.6b")
+    assert code == 2 and "model.path='models/qwen3-0.6b': no such folder" in err
+    assert "did you mean 'models/Qwen3-0.6B'?" in err and "hf download" not in err
+
+
+def test_a_truncated_weights_file_is_named(capsys, tmp_path, tiny_model, tiny_tokenizer):
+    folder = tmp_path / "model"
+    tiny_model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as stream:
+        stream.truncate(weights.stat().st_size // 2)
+    code, err = run_main(capsys, "eval", "--model", folder, "eval.num_questions=1")
+    assert code == 2 and f"{weights}: the weights file is truncated or damaged" in err
+
+
+def test_a_truncated_trainer_state_is_named(tmp_path):
+    from aepo_rl.train.checkpoint import load_trainer_state
+
+    step = tmp_path / "step_000003"
+    step.mkdir()
+    (step / "trainer_state.pt").write_bytes(b"PK\x03\x04 cut")
+    with pytest.raises(errors.UserError, match=f"{step / 'trainer_state.pt'}: the checkpoint's trainer state is truncated"):
+        load_trainer_state(step)
+
+
+@pytest.mark.parametrize("command", ["sft", "train"])
+def test_data_without_demonstrations_fails_before_any_model_is_built(capsys, tmp_path, monkeypatch, command):
+    monkeypatch.setattr("aepo_rl.models.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr("aepo_rl.train.pipeline.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    rows = write_lines(tmp_path / "rows.jsonl", ['{"question": "q", "answer": "a"}'])
+    code, err = run_main(capsys, command, "task.name=file",
+                         f"task.train_files=[{rows}]", f"task.val_files=[{rows}]", f"trainer.run_dir={tmp_path}",
+                         *(["--out", tmp_path / "sft"] if command == "sft" else []))
+    assert code == 2 and "task 'file' has no demonstrations for cold-start SFT" in err and "sft.epochs=0" in err
+    assert "internal error" not in err
+
+
 def test_a_model_folder_without_tokenizer_says_so(capsys, tmp_path, tiny_model):
     tiny_model.save_pretrained(tmp_path / "model")
     code, err = run_main(capsys, "eval", "--model", tmp_path / "model")
@@ -200,18 +241,29 @@ def test_every_option_has_a_help_text():
                 assert action.help, f"{name} {'/'.join(action.option_strings) or action.dest} has no help text"
 
 
-def test_config_show_does_not_import_torch():
-    script = ("import sys, contextlib, io\n"
-              "from aepo_rl.cli import main\n"
-              "with contextlib.redirect_stdout(io.StringIO()):\n"
-              "    assert main(['config', 'show']) == 0\n"
-              "assert main(['config', 'show', 'algorithm.policy_loss=nope']) == 2\n"
+def heavy_imports_of(lines: str) -> tuple[list[str], str]:
+    """Run ``lines`` (after ``from aepo_rl.cli import main``) in a fresh interpreter: the torch and transformers
+    modules it imported, and its stderr."""
+    script = (f"import sys, contextlib, io\nfrom aepo_rl.cli import main\n{lines}\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().replace("'", '"')) == []
-    assert "algorithm.policy_loss='nope' is not allowed" in done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')), done.stderr
+
+
+@pytest.mark.parametrize("argv", [["train"], ["train", "--resume", "runs/none"], ["sft"], ["eval"], ["rollout"],
+                                  ["verl-data", "--out", "verl"]])
+def test_a_wrong_key_fails_before_torch_is_imported(argv):
+    imported, err = heavy_imports_of(f"assert main({argv + ['trainer.learning_rate=1e-5']!r}) == 2")
+    assert imported == [] and "unknown config key 'trainer.learning_rate'" in err
+
+
+def test_config_show_does_not_import_torch():
+    imported, err = heavy_imports_of("with contextlib.redirect_stdout(io.StringIO()):\n"
+                                     "    assert main(['config', 'show']) == 0\n"
+                                     "assert main(['config', 'show', 'algorithm.policy_loss=nope']) == 2")
+    assert imported == [] and "algorithm.policy_loss='nope' is not allowed" in err
 
 
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])

@@ -128,3 +128,12 @@ def test_reference_patterns_catch_what_they_should():
     assert ISSUE_REF.search(f"recall@5 ({word.title()} 4: ≥ 0.95)") and ISSUE_REF.search(f"see {word} #13")
     assert not ISSUE_REF.search("the queries the teacher issues (entity names)")
     assert algorithm_sections("## 2. Policy\n### 2.3 Surrogate\n#### 4.10 ARPO\n") == ["2", "2.3", "4.10"]
+
+
+def test_install_commands_name_the_clone_not_a_package_index():
+    # aepo-rl is installed from its clone (pip install -e ".[extra]"); installing it by name with an extra would
+    # look for it on a package index, where it is not.
+    index_install = re.compile(r"pip install[^\n`]*?['\"]?aepo-rl\[")
+    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in scanned_files()
+             for match in index_install.finditer(path.read_text(errors="replace"))]
+    assert found == []

@@ -190,7 +190,7 @@ def test_logger_rewrites_history_appends_steps_and_explains_missing_wandb(tmp_pa
     assert lines == [{"step": 1, "critic/score/mean": 0.5},
                      {"step": 2, "critic/score/mean": 0.25, "actor/pg_loss": None, "timing_s/step": 1.5}]
     text = out.getvalue()
-    assert "wandb is not installed" in text and "pip install 'aepo-rl[wandb]'" in text
+    assert "wandb is not installed" in text and "pip install -e '.[wandb]' in the aepo-rl clone" in text
     assert "step    2 | score 0.25 | pg_loss nan" in text
 
 

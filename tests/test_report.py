@@ -8,8 +8,8 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from aepo_rl.report import (SMOOTH_WINDOW, MetricsError, plot_runs, read_metrics, read_run, report_main, series,
-                            trailing_mean)
+from aepo_rl.report import (SMOOTH_WINDOW, MetricsError, pass1_halfwidth, plot_runs, read_metrics, read_run,
+                            report_main, series, trailing_mean)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -54,6 +54,22 @@ def test_plot_runs_overlays_runs_and_skips_missing_panels(tmp_path, capsys):
     assert "skipped clip_fraction.png: no run logged actor/pg_clipfrac or actor/pg_clipfrac_lower" in out
 
 
+def legends_of(monkeypatch) -> dict[str, list[str]]:
+    """``{png name: legend texts}`` of every figure saved from now on."""
+    from matplotlib.figure import Figure
+
+    legends = {}
+    original = Figure.savefig
+
+    def spy(fig, path, **kwargs):
+        legends[Path(path).name] = [t.get_text() for ax in fig.axes if ax.get_legend()
+                                    for t in ax.get_legend().get_texts()]
+        return original(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return legends
+
+
 def test_trailing_mean_by_hand():
     assert trailing_mean([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
     assert trailing_mean([3.0, 1.0, 2.0], 10) == [3.0, 2.0, 2.0]
@@ -61,16 +77,7 @@ def test_trailing_mean_by_hand():
 
 
 def test_long_noisy_series_get_a_trailing_mean_and_short_ones_do_not(tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-
-    legends = {}
-    original = Figure.savefig
-
-    def spy(fig, path, **kwargs):
-        legends[Path(path).name] = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
-        return original(fig, path, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", spy)
+    legends = legends_of(monkeypatch)
     long = write_run(tmp_path, "long", [{"step": s, "critic/score/mean": (-1) ** s * 0.5} for s in range(1, 41)])
     short = write_run(tmp_path, "short", [{"step": s, "critic/score/mean": 0.1 * s} for s in range(1, 5)])
     plot_runs([long, short], tmp_path / "plots")
@@ -161,3 +168,33 @@ def test_aepo_report_command(tmp_path):
     run = write_run(tmp_path, "r", [full_record(s) for s in range(1, 3)])
     assert main(["report", str(run), "--out", str(tmp_path / "figs")]) == 0
     assert_valid_png(tmp_path / "figs" / "tool_calls.png")
+
+
+def test_pass1_is_drawn_with_its_question_count_and_a_95_percent_interval(tmp_path, monkeypatch):
+    legends = legends_of(monkeypatch)
+    run = write_run(tmp_path, "r", [{"step": 1, "x": 1.0}, {"step": 2, "eval/t/test/pass@1": 0.4}])
+    (run / "eval.json").write_text(json.dumps({"sft": {"t/test": {"pass@1": 0.25, "num_questions": 64}},
+                                               "rl": {"t/test": {"pass@1": 0.5, "num_questions": 64}}}))
+    assert read_run(run)[0] == {"step": 0, "eval/t/test/pass@1": 0.25, "eval/t/test/num_questions": 64}
+    plot_runs([run], tmp_path / "plots")
+    assert legends["pass_at_1.png"] == ["r: eval/t/test/pass@1 (64 questions, 95% interval)"]
+    assert pass1_halfwidth(0.5, 64) == pytest.approx(1.96 * 0.5 / 8)
+    assert pass1_halfwidth(0.0, 64) == 0.0 and pass1_halfwidth(0.5, 0) == 0.0
+
+
+def test_report_of_an_sft_folder(tmp_path, capsys, monkeypatch):
+    """What `aepo sft --out runs/sft` writes: config, SFT metrics and the evaluation, no RL steps."""
+    legends = legends_of(monkeypatch)
+    run = tmp_path / "sft"
+    (run / "checkpoints" / "sft").mkdir(parents=True)
+    (run / "config.yaml").write_text("preset: aepo\n")
+    (run / "sft_metrics.json").write_text(json.dumps({"loss_curve": [3.0, 2.0, 1.5], "final_loss": 1.5}))
+    (run / "eval.json").write_text(json.dumps({"sft": {"synthetic/test": {"pass@1": 0.5, "pass@k": 0.75, "k": 4,
+                                                                          "num_questions": 16}}}))
+    assert report_main([str(run)]) == 0
+    assert_valid_png(run / "plots" / "pass_at_1.png")
+    assert_valid_png(run / "plots" / "sft_loss.png")
+    assert legends["sft_loss.png"] == ["sft"] and legends["pass_at_1.png"] == ["sft: eval/synthetic/test/pass@1 (16 questions, 95% interval)"]
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    assert rows["eval/synthetic/test/pass@1"] == "0.5" and rows["last step"] == "0"

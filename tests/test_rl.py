@@ -119,7 +119,8 @@ def test_data_order_is_a_fresh_seeded_permutation_every_epoch_and_resumes_exactl
     resumed = DataOrder(size=5, seed=3)
     resumed.load_state_dict(order.state_dict())
     assert resumed.take(7) == order.take(7)
-    with pytest.raises(ValueError, match="checkpoint has 5 examples with seed 3"):
+    with pytest.raises(ValueError, match="data order mismatch: the checkpoint was trained on 5 training examples with "
+                                         "seed 3, this run has 6 with seed 3; resume with the training data the run used"):
         DataOrder(size=6, seed=3).load_state_dict(order.state_dict())
 
 

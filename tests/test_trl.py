@@ -263,7 +263,7 @@ def test_version_gate(adapter, monkeypatch):
     adapter.check_trl_version("1.16.0")
     adapter.check_trl_version("1.16.3")
     for bad in ("1.15.2", "1.17.0", "2.0.0"):
-        with pytest.raises(ImportError, match=rf"trl>=1\.16,<1\.17.*trl {bad} is installed.*pip install \"aepo-rl\[trl\]\""):
+        with pytest.raises(ImportError, match=rf"trl>=1\.16,<1\.17.*trl {bad} is installed.*pip install -e \".\[trl\]\" in the aepo-rl clone"):
             adapter.check_trl_version(bad)
     # the import itself refuses an untested TRL
     import trl

@@ -73,8 +73,11 @@ def print_rollout(result: RolloutResult, console: Console, entropy_segment: str 
     console.print(table)
 
 
-def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool) -> int:
-    """Build task, policy and engine from ``cfg``; roll out the first K training prompts once."""
+def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool,
+                 found_model: str | Path | None = None) -> int:
+    """Build task, policy and engine from ``cfg``; roll out the first K training prompts once. ``random_model``:
+    no model was given or found, so the tiny model's random weights are rolled out (their trees are flat);
+    ``found_model``: the trained model ``aepo rollout`` found for the task (``model.path``), to name it."""
     from aepo_rl.engines import build_engine, check_entropy_measure
     from aepo_rl.models import encode_prompt, load_policy
     from aepo_rl.tasks import get_task
@@ -87,11 +90,16 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     examples = task.examples("train")[:num_prompts]
     if not examples:
         raise ValueError(f"task '{task.name}' has no training questions")
+    if found_model is not None:
+        console.print(f"no --model: using the newest model trained on {task.name} under {cfg.trainer.run_dir}: "
+                      f"{found_model} (--model chooses another)")
     model, tokenizer = load_policy(cfg, task)
     if cfg.model.init:
         console.print(f"[yellow]model.init={cfg.model.init}: random weights (expect noise and few tool calls)[/]")
     elif random_model:
-        console.print("[yellow]no --model: a tiny model with random weights (expect noise and few tool calls)[/]")
+        console.print(f"[yellow]no --model, and no model trained on {task.name} under {cfg.trainer.run_dir}: a tiny "
+                      "model with random weights, which rarely writes a tool call, so its trees are flat (no forks); "
+                      "train one first (aepo train, or aepo sft) or pass --model HF_DIR[/]")
     engine = build_engine(cfg, model, tokenizer)
     prompts = [(ex.id, encode_prompt(tokenizer, ex.messages)) for ex in examples]
     result = run_rollout(engine, prompts, task.tools(), cfg.rollout, seed=cfg.rollout.seed)

@@ -32,6 +32,11 @@ def dataset_rows(data: Any, what: str) -> list[tuple[str, dict]]:
     counted from 1. Raises DatasetError naming the row when one is not a mapping, or when there is none."""
     from aepo_rl.tasks.loaders import DatasetError
 
+    if isinstance(data, Mapping) and data and all(hasattr(split, "column_names") for split in data.values()):
+        splits = list(data)  # a datasets.DatasetDict, as load_dataset(...) returns
+        raise DatasetError(f"{what} is a DatasetDict of splits {splits}, as load_dataset(...) returns: pass one split, "
+                           f"{what}=dataset[{splits[0]!r}]" + (" (and eval_dataset=dataset['test'])"
+                                                               if what == "train_dataset" and "test" in splits else ""))
     if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
         raise DatasetError(f"{what} must be a datasets.Dataset or a list of dicts (one per row), got "
                            f"{type(data).__name__}" + (" (a dict of columns? use datasets.Dataset.from_dict)"

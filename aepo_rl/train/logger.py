@@ -52,7 +52,7 @@ class RunLogger:
                 import wandb
             except ImportError:
                 self.console.print(f"trainer.wandb_project={wandb_project!r} is set but wandb is not installed: "
-                                   "pip install 'aepo-rl[wandb]' (continuing without W&B)",
+                                   "pip install -e '.[wandb]' in the aepo-rl clone (continuing without W&B)",
                                    style="yellow", markup=False)
             else:
                 self._wandb = wandb.init(project=wandb_project, name=run_name, id=run_name or None,

@@ -75,7 +75,9 @@ def new_run_dir(cfg: Config) -> Path:
         if run_started(run_dir):
             raise FileExistsError(
                 f"{run_dir} already holds a run: continue it with `aepo train --resume {run_dir}` (which accepts "
-                f"{', '.join(RESUME_SAFE_KEYS)}), or choose another trainer.run_name, or delete the folder to start over")
+                f"{', '.join(RESUME_SAFE_KEYS)}; in Python: trainer.train(resume_from_checkpoint=True)), start over "
+                "with AEPOTrainer(..., overwrite_output_dir=True) or by deleting the folder, or choose another "
+                "trainer.run_name")
         get_console().print(f"{run_dir} holds only the config of a run that never finished a stage: starting it anew")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -136,8 +138,7 @@ def resume_config(run_dir: Path, overrides: dict) -> tuple[Config, list[str]]:
         raise ConfigError(f"--resume {run_dir}: {', '.join(refused)} cannot change when continuing a run (the steps "
                           f"already taken used the run's values); --resume accepts {', '.join(RESUME_SAFE_KEYS)}. "
                           "For other settings start a new run with another trainer.run_name")
-    latest = ckpt.latest_checkpoint(Path(run_dir) / "checkpoints")
-    done = int(ckpt.STEP_DIR.match(latest.name).group(1)) if latest else 0
+    done = steps_done(run_dir)
     if cfg.trainer.steps < done:
         raise ConfigError(f"--resume {run_dir}: trainer.steps={cfg.trainer.steps} is below the {done} RL steps "
                           f"already done; give trainer.steps >= {done}")
@@ -154,11 +155,18 @@ def _lookup(data: dict, dotted: str):
     return data
 
 
-def _forget_stale_results(run_dir: Path, changed: list[str]) -> None:
+def steps_done(run_dir: str | Path) -> int:
+    """The step of the run's newest complete checkpoint (0 without one)."""
+    latest = ckpt.latest_checkpoint(Path(run_dir) / "checkpoints")
+    return int(ckpt.STEP_DIR.match(latest.name).group(1)) if latest else 0
+
+
+def _forget_stale_results(run_dir: Path, changed: list[str], steps: int) -> None:
     """Drop the stored evaluations that ``changed`` settings make stale: the final one after any change
-    (more steps, or other evaluation settings), the SFT one after an ``eval.*`` change."""
+    (more steps, or other evaluation settings) or when RL stopped before ``steps`` (a callback stopped it),
+    the SFT one after an ``eval.*`` change."""
     results = _read_json(run_dir / "eval.json")
-    if not changed or not results:
+    if not results or not (changed or steps_done(run_dir) < steps):
         return
     results.pop("rl", None)
     if any(key.startswith("eval.") for key in changed):
@@ -221,6 +229,10 @@ class StageHooks:
 
     def saved(self, step: int, path: Path) -> None:
         """The checkpoint of step ``step`` is complete at ``path``."""
+
+    def should_stop(self) -> bool:
+        """Whether RL should end after the step just reported (it is saved; the final evaluation follows)."""
+        return False
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -336,11 +348,15 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
                 hooks.step_end(step, history[-1])
                 if results is not None:
                     hooks.evaluated(step, results)
-                if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps or stop.requested:
+                asked_to_stop = hooks.should_stop()
+                if step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps or stop.requested or asked_to_stop:
                     path = _save_rl_checkpoint(cfg, trainer, run_dir / "checkpoints", init_model_dir, history)
                     hooks.saved(step, path)
                 if stop.requested:
                     raise RunInterrupted(step)
+                if asked_to_stop:
+                    get_console().print(f"[yellow]a callback stopped RL after step {step}[/]")
+                    break
         except RunInterrupted:
             raise
         except KeyboardInterrupt:

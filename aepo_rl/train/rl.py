@@ -91,8 +91,10 @@ class DataOrder:
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size or state["seed"] != self.seed:
-            raise ValueError(f"data order mismatch: checkpoint has {state['size']} examples with seed "
-                             f"{state['seed']}, this run {self.size} with seed {self.seed}")
+            raise ConfigError(f"data order mismatch: the checkpoint was trained on {state['size']} training examples with "
+                              f"seed {state['seed']}, this run has {self.size} with seed {self.seed}; resume with the "
+                              "training data the run used (the same train_dataset, task.train_files or task.name) and "
+                              "its trainer.seed")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
 
 

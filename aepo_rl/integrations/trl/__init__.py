@@ -24,13 +24,13 @@ def check_trl_version(version: str) -> None:
     if not low <= Version(version) < high:
         raise ImportError(f"aepo_rl.integrations.trl supports trl>={low},<{high} (it overrides GRPOTrainer._compute_loss "
                           f"and reads its batch layout); trl {version} is installed. Install the tested range with "
-                          f"pip install \"aepo-rl[trl]\" (or pip install \"trl>={low},<{high}\")")
+                          f"pip install -e \".[trl]\" in the aepo-rl clone (or pip install \"trl>={low},<{high}\")")
 
 
 try:
     import trl as _trl
 except ImportError as err:  # the extra is not installed
-    raise ImportError("aepo_rl.integrations.trl needs TRL: pip install \"aepo-rl[trl]\" "
+    raise ImportError("aepo_rl.integrations.trl needs TRL: pip install -e \".[trl]\" in the aepo-rl clone "
                       f"(trl>={TRL_RANGE[0]},<{TRL_RANGE[1]})") from err
 
 check_trl_version(_trl.__version__)

@@ -41,11 +41,11 @@ def require_verl(version: str | None = None) -> str:
             version = importlib.metadata.version("verl")
         except importlib.metadata.PackageNotFoundError:
             raise VerlVersionError(f"aepo_rl.integrations.verl needs verl ({TESTED_RANGE}), which is not installed: "
-                                   'pip install "aepo-rl[verl]"') from None
+                                   'pip install -e ".[verl]" in the aepo-rl clone') from None
     release = _release(version)
     if not VERL_MIN <= release < VERL_BELOW:
         raise VerlVersionError(f"aepo_rl.integrations.verl was tested with {TESTED_RANGE}, but verl {version} is "
-                               f'installed: pip install "verl>=0.9.1,<0.10" (or "aepo-rl[verl]"). The plugin uses '
+                               f'installed: pip install "verl>=0.9.1,<0.10" (or pip install -e ".[verl]" in the aepo-rl clone). The plugin uses '
                                "verl internals (the ppo_loss name binding, the agent-loop registry) that other "
                                "versions may change")
     return version

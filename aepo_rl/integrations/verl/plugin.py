@@ -98,7 +98,7 @@ def check_registrations() -> None:
     if not checks.installed():
         missing.append("the start-up config check (verl.utils.config.validate_config is not the plugin's)")
     if missing:
-        raise RuntimeError(f"aepo-rl verl plugin: not registered: {', '.join(missing)}; reinstall aepo-rl[verl] "
+        raise RuntimeError(f"aepo-rl verl plugin: not registered: {', '.join(missing)}; reinstall it (pip install -e '.[verl]' in the aepo-rl clone) "
                            "at the same version on every node (docs/verl.md)")
 
 

@@ -1,0 +1,233 @@
+"""TRL habits in the Python API: a loaded model with its processing_class, transformers' TrainerCallbacks,
+TRL's argument names, a rerun into the same output_dir, a DatasetDict, and reward functions that raise or
+cannot take TRL's keyword call; each is used, or refused at construction naming the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from aepo_rl import AEPOTrainer
+from aepo_rl.config import TRL_ALIASES, Config, ConfigError, load_config, set_key
+from aepo_rl.hf_callbacks import trl_logs
+from aepo_rl.rewards import RewardFunctionError, RewardSetupError, WeightedRewards
+from aepo_rl.tasks.loaders import DatasetError
+
+from conftest import build_tiny_model
+
+datasets = pytest.importorskip("datasets", reason="the [dev] extra installs datasets")
+transformers = pytest.importorskip("transformers")
+
+TRAIN = [{"question": "What is 6 times 7?", "answer": "42"}, {"question": "What is 9 plus 1?", "answer": "10"}]
+TEST = [{"question": "What is 40 plus 2?", "answer": "42"}]
+SMALL = {"sft.epochs": 0, "rollout.n": 2, "rollout.max_response_length": 16, "rollout.max_tokens_per_round": 8,
+         "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2, "trainer.mini_batch_size": 1,
+         "trainer.micro_batch_size": 2, "trainer.steps": 2, "trainer.tensorboard": False, "eval.samples": 1,
+         "trainer.device": "cpu"}
+
+
+def correct(prompts, completions, answer, **kwargs):
+    return [float(a in c) for c, a in zip(completions, answer)]
+
+
+# ---------------------------------------------------------------- names
+
+
+def test_every_trl_alias_names_a_config_key():
+    for name, key in TRL_ALIASES.items():
+        cfg = Config()
+        set_key(cfg, key, getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]))  # an unknown key raises
+
+
+def test_trl_names_are_accepted_as_keyword_arguments_and_named_in_errors():
+    trainer = AEPOTrainer(learning_rate=1e-5, num_generations=4, max_completion_length=32, epsilon_high=0.28,
+                          max_steps=3, seed=7)
+    cfg = trainer.cfg
+    assert (cfg.trainer.lr, cfg.rollout.n, cfg.rollout.max_response_length, cfg.algorithm.clip_ratio_high,
+            cfg.trainer.steps, cfg.trainer.seed) == (1e-5, 4, 32, 0.28, 3, 7)
+    with pytest.raises(TypeError, match=r"TRL's beta has no exact counterpart here: .*algorithm.use_kl_loss=true"):
+        AEPOTrainer(beta=0.04)
+    with pytest.raises(TypeError, match=r"TRL's per_device_train_batch_size .* trainer.batch_size counts prompts"):
+        AEPOTrainer(per_device_train_batch_size=8)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'train_datset'; did you mean 'train_dataset'\?"):
+        AEPOTrainer(train_datset=TRAIN)
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.learning_rate'; TRL's learning_rate is trainer.lr"):
+        AEPOTrainer(overrides={"trainer.learning_rate": 1e-5})
+    with pytest.raises(ConfigError, match=r"unknown config key 'num_generations'; TRL's num_generations is rollout.n"):
+        load_config(overrides=["num_generations=4"])
+
+
+def test_a_dataset_dict_gets_the_split_hint():
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN), "test": datasets.Dataset.from_list(TEST)})
+    with pytest.raises(DatasetError, match=r"train_dataset is a DatasetDict of splits \['train', 'test'\], as "
+                                           r"load_dataset\(...\) returns: pass one split, train_dataset=dataset\['train'\] "
+                                           r"\(and eval_dataset=dataset\['test'\]\)"):
+        AEPOTrainer(train_dataset=splits, reward_funcs=[correct], tools=["python"])
+
+
+# ---------------------------------------------------------------- reward functions
+
+
+def test_a_reward_without_kwargs_is_refused_at_construction_naming_it():
+    def strict(prompts, completions, answer):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardSetupError, match=r"reward function 'strict\(prompts, completions, answer\)' has no "
+                                               r"\*\*kwargs.*def strict\(prompts, completions, answer, \*\*kwargs\)"):
+        AEPOTrainer(train_dataset=TRAIN, reward_funcs=[strict], tools=["python"])
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_reward_that_raises_is_named_with_the_error(asynchronous):
+    def lookup(prompts, completions, **kwargs):
+        return [kwargs["gold"] for _ in completions]
+
+    async def lookup_async(prompts, completions, **kwargs):
+        return lookup(prompts, completions, **kwargs)
+
+    rewards = WeightedRewards([lookup_async if asynchronous else lookup])
+    name = "lookup_async" if asynchronous else "lookup"
+    with pytest.raises(RewardFunctionError, match=rf"reward function '{name}' raised KeyError: 'gold' \(called with 2 "
+                                                  r"completions and the keyword arguments prompts, completions, "
+                                                  r"completion_ids, answer\); fix the function"):
+        rewards(["q", "q"], ["a", "b"], [[1], [2]], {"answer": ["x", "x"]})
+
+
+# ---------------------------------------------------------------- a model object, HF callbacks, reruns
+
+
+class StopAfterFirstStep(transformers.TrainerCallback):
+    """A user's transformers callback: records what it is called with, and stops training after step 1
+    (once)."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.events.append(("train_begin", state.global_step, type(model).__name__, args.output_dir))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append(("step_end", state.global_step))
+        if state.global_step == 1 and not any(e[0] == "stopped" for e in self.events):
+            self.events.append(("stopped",))
+            control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.events.append(("log", state.global_step, logs["reward"] == logs["critic/score/mean"]))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.events.append(("evaluate", sorted(metrics)[:1]))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.events.append(("save", state.global_step))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append(("train_end", state.global_step))
+
+
+@pytest.fixture
+def policy(tiny_tokenizer):
+    return build_tiny_model(tiny_tokenizer), tiny_tokenizer
+
+
+def run_steps(run_dir):
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_model_object_trains_from_a_copy_in_the_run_folder(policy, tmp_path, capsys):
+    model, tokenizer = policy
+    with pytest.raises(TypeError, match=r"model is a loaded Qwen3ForCausalLM: also pass its tokenizer as processing_class="):
+        AEPOTrainer(model=model, train_dataset=TRAIN, reward_funcs=[correct], tools=["python"])
+    with pytest.raises(TypeError, match=r"processing_class goes with a model object"):
+        AEPOTrainer(model="models/x", processing_class=tokenizer)
+    callback = StopAfterFirstStep()
+    out = tmp_path / "runs" / "mine"
+    args = dict(model=model, processing_class=tokenizer, train_dataset=TRAIN, eval_dataset=TEST,
+                reward_funcs=[correct], tools=["python"], output_dir=out)
+    trainer = AEPOTrainer(**args, callbacks=[callback], overrides=SMALL)
+    results = trainer.train()
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["path"] == str(out / "start_model")
+    assert (out / "start_model" / "model.safetensors").is_file() and (out / "start_model" / "tokenizer.json").is_file()
+    assert results["rl"]["dataset/test"]["num_questions"] == 1
+    # The HF callback was called as transformers' Trainer calls it, and its should_training_stop ended RL.
+    assert run_steps(out) == [1]
+    kinds = [e[0] for e in callback.events]
+    assert kinds == ["evaluate", "train_begin", "step_end", "stopped", "log", "save", "evaluate", "train_end"]
+    assert callback.events[1] == ("train_begin", 0, "Qwen3ForCausalLM", str(out))
+    assert ("log", 1, True) in callback.events and ("save", 1) in callback.events
+
+    # The same script again: refused with both choices named, then each choice works.
+    again = AEPOTrainer(**args, overrides=SMALL)
+    with pytest.raises(FileExistsError, match=r"train\(resume_from_checkpoint=True\).*overwrite_output_dir=True"):
+        again.train()
+    again = AEPOTrainer(**args, overrides=SMALL)
+    again.train(resume_from_checkpoint=True)
+    assert run_steps(out) == [1, 2]
+    with pytest.raises(ConfigError, match=r"trainer.lr cannot change when continuing a run"):
+        AEPOTrainer(**args, overrides=SMALL, learning_rate=0.5).train(resume_from_checkpoint=True)
+    fresh = AEPOTrainer(**args, overrides={**SMALL, "trainer.steps": 1}, overwrite_output_dir=True)
+    fresh.train()
+    assert run_steps(out) == [1]
+
+    # The command line cannot rebuild the datasets, rewards and tools: it says so and how to resume.
+    from aepo_rl.cli import main
+
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "trainer.steps=2"]) == 2
+    assert (f"{out} was made by AEPOTrainer from Python datasets (2 training rows, 1 evaluation rows, reward functions "
+            f"['correct'], tools ['python'])") in capsys.readouterr().err
+
+
+def test_trl_log_names_and_frac_reward_zero_std():
+    logs = trl_logs({"critic/score/mean": 0.5, "response_length/mean": 12.0, "rollout/informative_group_frac": 0.25})
+    assert logs["reward"] == 0.5 and logs["completions/mean_length"] == 12.0
+    assert logs["frac_reward_zero_std"] == 0.75
+    assert "frac_reward_zero_std" not in trl_logs({"critic/score/mean": 0.5})
+
+
+def test_rows_without_demonstrations_and_sft_asked_for_fail_before_a_model_is_built(monkeypatch, tmp_path):
+    from aepo_rl.errors import UserError
+
+    monkeypatch.setattr("aepo_rl.train.pipeline.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    trainer = AEPOTrainer(train_dataset=TRAIN, reward_funcs=[correct], tools=["python"], output_dir=tmp_path / "run")
+    with pytest.raises(UserError, match=r"task 'dataset' has no demonstrations for cold-start SFT.*set sft.epochs=0"):
+        trainer.train()
+    assert not (tmp_path / "run").exists()  # the failed start left nothing behind
+
+
+def test_a_wrong_model_path_or_callback_is_refused_at_construction(tmp_path, monkeypatch):
+    from aepo_rl.models import ModelPathError
+
+    (tmp_path / "models" / "Qwen3-0.6B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelPathError, match=r"model.path='models/qwen3-0.6b': no such folder .*did you mean "
+                                             r"'models/Qwen3-0.6B'\?"):
+        AEPOTrainer(model="models/qwen3-0.6b")
+
+    class NeedsArguments(transformers.TrainerCallback):
+        def __init__(self, threshold):
+            self.threshold = threshold
+
+    with pytest.raises(TypeError, match=r"callbacks\[0\]: the class NeedsArguments cannot be built without arguments"):
+        AEPOTrainer(callbacks=[NeedsArguments])
+    assert AEPOTrainer(callbacks=[NeedsArguments(0.5)]).callbacks[0].callback.threshold == 0.5
+
+
+def test_resume_from_checkpoint_takes_true_and_not_with_overwrite(tmp_path):
+    with pytest.raises(TypeError, match=r"resume_from_checkpoint='runs/x/checkpoint-5': give True"):
+        AEPOTrainer(output_dir=tmp_path / "run").train(resume_from_checkpoint="runs/x/checkpoint-5")
+    with pytest.raises(TypeError, match=r"overwrite_output_dir=True deletes it: choose one"):
+        AEPOTrainer(output_dir=tmp_path / "run", overwrite_output_dir=True).train(resume_from_checkpoint=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_hf_callback_that_cannot_get_its_arguments_is_refused_at_construction(monkeypatch):
+    def no_accelerate(self, *args, **kwargs):
+        raise ImportError("Using the Trainer with PyTorch requires accelerate")
+
+    monkeypatch.setattr(transformers.TrainingArguments, "__init__", no_accelerate)
+    with pytest.raises(TypeError, match=r"callbacks\[0\] \(StopAfterFirstStep\) is a transformers.TrainerCallback.*"
+                                        r"pip install accelerate, or subclass aepo_rl.TrainerCallback"):
+        AEPOTrainer(callbacks=[StopAfterFirstStep()])
