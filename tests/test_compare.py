@@ -274,6 +274,21 @@ def test_aepo_compare_command(fake_pipeline, tmp_path):
     assert list(json.loads((tmp_path / "compare.json").read_text())["arms"]) == ["grpo", "aepo"]
 
 
+def test_aepo_compare_arms_on_the_command_line(fake_pipeline, tmp_path, capsys):
+    from aepo_rl.cli import main
+
+    assert main(["compare", "--arm", "grpo_n3=grpo rollout.n=3", "--arm", "aepo=aepo:1", "--seeds", "2", "--steps", "2",
+                 "--out", str(tmp_path), "--reference", "grpo_n3", "rollout.n=4"]) == 0
+    assert [(c.preset, c.trainer.seed, c.rollout.n) for c, _, _ in fake_pipeline["rl"]] == [
+        ("grpo", 0, 3), ("grpo", 1, 3), ("aepo", 0, 4)]  # no --presets: only the arms
+    assert [d.name for _, _, d in fake_pipeline["rl"]] == ["grpo_n3-seed0", "grpo_n3-seed1", "aepo-seed0"]
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["reference"] == "grpo_n3" and list(data["paired_differences"]) == ["aepo"]
+    assert "- arm **grpo_n3**: preset grpo, rollout.n=3" in (tmp_path / "compare.md").read_text()
+    assert main(["compare", "--presets", "grpo", "--arm", "grpo=grpo rollout.n=3", "--out", str(tmp_path)]) == 2
+    assert "arm name(s) grpo given twice" in capsys.readouterr().err
+
+
 def test_presets_with_their_own_seed_counts(fake_pipeline, tmp_path):
     from aepo_rl.cli import main
 
