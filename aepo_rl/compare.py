@@ -30,7 +30,7 @@ import yaml
 from aepo_rl.config import (PRESETS, Config, ConfigError, from_dict, load_config, parse_overrides, to_dict,
                              to_yaml)
 from aepo_rl.progress import PhaseProgress, get_console
-from aepo_rl.report import mean_records, plot_records, plot_runs, read_metrics, read_run, series
+from aepo_rl.report import _pattern_regex, mean_records, plot_records, plot_runs, read_metrics, read_run, series
 from aepo_rl.tasks import get_task
 from aepo_rl.train.checkpoint import atomic_write_text
 from aepo_rl.train.pipeline import evaluate_model, run_rl_stage, run_sft_stage
@@ -86,11 +86,11 @@ STEP_SUMS = {"train_tool_calls": "rollout/tool_calls", "train_decode_tokens": "r
 """Columns that add up a per-step metric over the run's steps (None when it was never logged)."""
 DRIFTS = {"entropy_drift": "actor/entropy", "entropy_unique_drift": "actor/entropy_unique"}
 """Columns that are the windowed drift (:func:`windowed_drift`) of a per-step metric."""
-LOGGED_MEANS = ("actor/pg_clipfrac*", "actor/grad_preserved_frac*", "rollout/consecutive_branch_mean",
-                "rollout/entropy_leverage", "rollout/informative_group_frac")
-"""Metrics of metrics.jsonl (glob patterns) that become a column of their own name in "rollouts and
-entropy", the mean over the run's steps, when some run logged them: extend this tuple to compare a
-new training metric."""
+LOGGED_MEANS = ("actor/pg_clipfrac", "actor/pg_clipfrac_*", "actor/grad_preserved_frac", "actor/grad_preserved_frac_*",
+                "rollout/consecutive_branch_mean", "rollout/entropy_leverage", "rollout/informative_group_frac")
+"""Metrics of metrics.jsonl (patterns as in ``aepo report``: ``*`` matches any non-empty text) that become a
+column of their own name in "rollouts and entropy", the mean over the run's steps, when some run logged
+them: extend this tuple to compare a new training metric."""
 DRIFT_WINDOWS = (10, 20)
 """entropy_drift: mean of the last 20 steps − mean of the first 10."""
 SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once like the runs (–: an RL-only column)"
@@ -302,16 +302,12 @@ def columns_of(rows: list[dict[str, Any]]) -> list[Column]:
     names = {key for row in rows for key, value in row.items() if value is not None}
     hop_names = sorted((n for n in names if n.startswith("hop") and ":" in n),
                        key=lambda n: (int(n[3:n.index(":")]), list(HOP_METRICS).index(n.split(":", 1)[1])))
-    logged = sorted(n for n in names if any(re.fullmatch(_glob(p), n) for p in LOGGED_MEANS))
+    logged = sorted(n for n in names if any(_pattern_regex(p).fullmatch(n) for p in LOGGED_MEANS))
     found = ([c for c in COLUMNS if c.name in names]
              + [Column(n, f"{HOP_METRICS[n.split(':', 1)[1]]} over the questions needing {n[3:n.index(':')]} "
                           "search(es) (eval.json by_hops)", "per hop level") for n in hop_names]
              + [Column(n, f"{n} from metrics.jsonl, mean over steps", "rollouts and entropy") for n in logged])
     return sorted(found, key=lambda c: TABLES.index(c.table))
-
-
-def _glob(pattern: str) -> str:
-    return ".*".join(re.escape(part) for part in pattern.split("*"))
 
 
 def summarize(runs: dict[str, list[dict[str, float | None]]], columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -448,3 +448,21 @@ def test_pairs_and_seed_columns_follow_the_seed_index_when_a_run_is_missing(fake
     diff = json.loads((tmp_path / "compare.json").read_text())["paired_differences"]["aepo"]["pass@1"]
     assert diff["n"] == 2 and diff["mean"] == pytest.approx(((0.5 - 0.2) + (0.8 - 0.6)) / 2)  # seeds 0 and 2
     assert "| aepo | 0.500 / 0.800 | – | 0.800 / 0.900 |" in (tmp_path / "compare.md").read_text()
+
+
+def test_logged_training_metrics_become_columns(tmp_path):
+    from aepo_rl.compare import columns_of, run_metrics
+
+    steps = [{"step": 1, "actor/pg_clipfrac": 0.1, "actor/pg_clipfrac_high_entropy": 0.3, "actor/entropy": 2.0,
+              "rollout/entropy_leverage": 0.2, "actor/entropy_unique": 1.0, "actor/other": 5.0},
+             {"step": 2, "actor/pg_clipfrac": 0.3, "actor/pg_clipfrac_high_entropy": 0.5, "actor/entropy": 1.0,
+              "rollout/entropy_leverage": 0.4, "actor/entropy_unique": 1.5, "actor/other": 5.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    row = run_metrics({"synthetic/test": {"pass@1": 0.5, "pass@k": 0.7, "tool_calls/mean": 1.0}}, "test", tmp_path)
+    assert row["actor/pg_clipfrac"] == pytest.approx(0.2) and row["actor/pg_clipfrac_high_entropy"] == pytest.approx(0.4)
+    assert row["rollout/entropy_leverage"] == pytest.approx(0.3) and "actor/other" not in row
+    assert row["entropy_drift"] == pytest.approx(-1.0) and row["entropy_unique_drift"] == pytest.approx(0.5)
+    names = [c.name for c in columns_of([row]) if c.table == "rollouts and entropy"]
+    assert names == ["entropy_drift", "entropy_unique_drift", "actor/pg_clipfrac", "actor/pg_clipfrac_high_entropy",
+                     "rollout/entropy_leverage"]
+    assert row["train_tool_calls"] is None and "train_tool_calls" not in [c.name for c in columns_of([row])]
