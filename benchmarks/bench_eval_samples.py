@@ -4,7 +4,9 @@
 question. The HF engine runs a question's prompt once for its K samples, so the cost grows with the
 decoded samples, less than K-fold. This evaluates the same questions with one model and engine at each
 setting (``K/batch``: K samples, ``eval.batch_size`` questions per rollout call), in alternating
-rounds, and prints each setting's best time and its ratio to the first setting.
+rounds, and prints each setting's best wall time and best CPU time of this process (``time.process_time``:
+on a machine other jobs share, the wall time mostly measures them) and their ratios to the first setting.
+Run it with ``OMP_NUM_THREADS=1`` so that CPU time is the work done.
 
     python benchmarks/bench_eval_samples.py --model runs/my-run/checkpoints/sft [--questions 64 --rounds 2
         --settings 4/16,8/16,8/32,8/64] [overrides, e.g. task.max_hops=2]
@@ -41,19 +43,21 @@ def main() -> None:
     engine = build_engine(cfg, model, tokenizer)
     examples = task.examples(cfg.eval.split)[:args.questions]
     settings = [tuple(int(x) for x in item.split("/")) for item in args.settings.split(",")]
-    times: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    times: dict[tuple[int, int], list[tuple[float, float]]] = {s: [] for s in settings}
     for round_ in range(args.rounds):
         for k, batch in settings:
             run_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, samples=k, batch_size=batch))
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             m = evaluate(engine, task, examples, run_cfg, cfg.eval.split)[f"{task.name}/{cfg.eval.split}"]
-            times[(k, batch)].append(time.perf_counter() - start)
-            print(f"round {round_} K={k} eval.batch_size={batch}: {times[(k, batch)][-1]:.1f} s "
-                  f"(pass@1 {m['pass@1']:.3f}, {m['response_length/mean']:.1f} tokens per answer)", flush=True)
-    first = min(times[settings[0]])
+            times[(k, batch)].append((time.perf_counter() - wall, time.process_time() - cpu))
+            print(f"round {round_} K={k} eval.batch_size={batch}: wall {times[(k, batch)][-1][0]:.1f} s, CPU "
+                  f"{times[(k, batch)][-1][1]:.1f} s (pass@1 {m['pass@1']:.3f}, {m['response_length/mean']:.1f} tokens "
+                  "per answer)", flush=True)
+    first = [min(t[i] for t in times[settings[0]]) for i in (0, 1)]
     for (k, batch), values in times.items():
-        print(f"K={k} eval.batch_size={batch}: best {min(values):.1f} s, ratio to {settings[0][0]}/{settings[0][1]}: "
-              f"{min(values) / first:.2f}")
+        best = [min(t[i] for t in values) for i in (0, 1)]
+        print(f"K={k} eval.batch_size={batch}: best wall {best[0]:.1f} s, CPU {best[1]:.1f} s; ratio to "
+              f"{settings[0][0]}/{settings[0][1]}: wall {best[0] / first[0]:.2f}, CPU {best[1] / first[1]:.2f}")
 
 
 if __name__ == "__main__":
