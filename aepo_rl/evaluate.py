@@ -174,6 +174,19 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
                       f"{m['tool_calls/mean']:.2f}", *errors, f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
     get_console().print(table)
+    for name, m in results.items():
+        extras = {key: m.get(key) for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",
+                                              "entropy/token_mean")}
+        get_console().print(f"{name}: " + ", ".join(f"{key} {'n/a' if v is None else f'{v:.3f}'}"
+                                                    for key, v in extras.items()))
+        if m.get("by_hops"):
+            hops = Table(title=f"{name} per hop level")
+            for column in ("hops", "questions", "pass@1", "pass@k", "tools"):
+                hops.add_column(column, justify="right")
+            for level, h in m["by_hops"].items():
+                hops.add_row(level, str(h["num_questions"]), f"{h['pass@1']:.3f}", f"{h['pass@k']:.3f}",
+                             f"{h['tool_calls/mean']:.2f}")
+            get_console().print(hops)
 
 
 def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,

@@ -369,3 +369,16 @@ def test_synthetic_min_tool_calls_is_the_teachers_number_of_calls():
         plan = by_name[example.extra_info["template"]].solve(task.world, example.extra_info["roots"])
         assert example.extra_info["min_tool_calls"] == len(plan.queries) + (plan.python is not None)
     assert {e.extra_info["min_tool_calls"] for e in examples} == {1, 2, 3}  # 3: two searches and python
+
+
+def test_print_results_shows_tool_efficiency_and_the_hop_levels(capsys):
+    from aepo_rl.evaluate import print_results
+
+    m = {"pass@1": 0.5, "pass@k": 0.75, "k": 2, "num_questions": 3, "tool_calls/mean": 2.0, "tool_errors/mean": 0.0,
+         "response_length/mean": 10.0, "reward/mean": 0.5, "calls_per_correct": 4.0, "tool_productivity": 0.25,
+         "excess_calls/mean": None, "entropy/token_mean": 1.375,
+         "by_hops": {"1": {"num_questions": 1, "pass@1": 0.5, "pass@k": 1.0, "tool_calls/mean": 0.5}}}
+    print_results({"synthetic/test": m})
+    out = capsys.readouterr().out
+    assert "calls_per_correct 4.000, tool_productivity 0.250, excess_calls/mean n/a, entropy/token_mean 1.375" in out
+    assert "per hop level" in out and "│    1 │         1 │  0.500 │  1.000 │  0.50 │" in out
