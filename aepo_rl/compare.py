@@ -129,10 +129,6 @@ class Arm:
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     seeds: int = 1
 
-    def spec(self) -> str:
-        """The ``--arm`` text that gives this arm."""
-        return " ".join([f"{self.name}={self.preset}:{self.seeds}", *(f"{k}={v}" for k, v in self.overrides.items())])
-
 
 ARM_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 SEEDING_KEYS = ("trainer.seed", "rollout.seed")
@@ -245,8 +241,12 @@ def arm_configs(cfg: Config, arms: list[Arm], steps: int | None) -> dict[tuple[s
     for arm in arms:
         for index in range(arm.seeds):
             seeding = {"trainer.seed": cfg.trainer.seed + index, "rollout.seed": cfg.rollout.seed + index}
-            configs[(arm.name, index)] = load_config(arm.preset, overrides={**common, **budget, **arm.overrides,
-                                                                            **seeding})
+            try:
+                configs[(arm.name, index)] = load_config(arm.preset, overrides={**common, **budget, **arm.overrides,
+                                                                                **seeding})
+            except ConfigError as err:
+                raise ConfigError(f"arm {arm.name} (preset {arm.preset} with the common and its own overrides): "
+                                  f"{err}") from None
     return configs
 
 

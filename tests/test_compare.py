@@ -90,9 +90,12 @@ def test_parse_arm_rejects_bad_specs(text, message):
         parse_arm(text, 2)
 
 
-def test_arm_names_must_differ():
+def test_arm_names_must_differ_and_a_bad_arm_config_names_its_arm():
     with pytest.raises(ConfigError, match="arm name\\(s\\) grpo given twice"):
         arm_configs(load_config(), [Arm("grpo", "grpo"), Arm("grpo", "arpo")], steps=1)
+    cfg = load_config(overrides=["trainer.mini_batch_size=4"])
+    with pytest.raises(ConfigError, match="arm small \\(preset grpo .*mini_batch_size=4 must be <= trainer.batch_size=2"):
+        arm_configs(cfg, [Arm("grpo", "grpo"), Arm("small", "grpo", {"trainer.batch_size": 2})], steps=1)
 
 
 def test_entropy_drift_is_a_difference_of_windows():
