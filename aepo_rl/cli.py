@@ -95,12 +95,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from aepo_rl.compare import compare_main, parse_presets
+    from aepo_rl.compare import Arm, compare_main, parse_arm, parse_presets
 
-    presets = parse_presets(args.presets, args.seeds)
+    named = [parse_arm(text, args.seeds) for text in args.arm or []]
+    presets = args.presets if args.presets is not None else ("" if named else "grpo,arpo,aepo")
+    arms = [Arm(name, name, {}, runs) for name, runs in (parse_presets(presets, args.seeds) if presets else {}).items()]
     cfg = _config(args)
     _check_out(args.out, cfg)
-    return compare_main(cfg, presets=presets, seeds=args.seeds, steps=args.steps, out_dir=args.out,
+    return compare_main(cfg, presets=arms + named, seeds=args.seeds, steps=args.steps, out_dir=args.out,
                         reference=args.reference, table_only=args.table_only)
 
 
@@ -239,14 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", parents=[plugin], help="several presets from one SFT checkpoint, several seeds, one table")
     _config_args(p)
-    p.add_argument("--presets", default="grpo,arpo,aepo", help="comma-separated presets to compare, each optionally with its own number of "
-                   "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo)")
+    p.add_argument("--presets", default=None, help="comma-separated presets to compare, each optionally with its own number of "
+                   "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo when no --arm is given)")
+    p.add_argument("--arm", action="append", metavar="'NAME=PRESET[:SEEDS] [KEY=VALUE ...]'",
+                   help="an arm: a preset with its own overrides, e.g. --arm 'arpo_w0=arpo rollout.entropy_weight=0' or "
+                        "--arm 'grpo_n6=grpo rollout.n=6' (repeatable; next to --presets)")
     p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
     p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
     p.add_argument("--table-only", action="store_true", help="train nothing: rebuild the table and plots of --out "
                    "from the runs finished so far (another process may still be running the rest)")
-    p.add_argument("--reference", default=None, help="preset the paired differences are taken against "
-                   "(default aepo when compared, else the first preset)")
+    p.add_argument("--reference", default=None, help="arm the paired differences are taken against "
+                   "(default aepo when compared, else the first arm)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>); run again with the same folder to "
                    "finish an interrupted comparison")
     p.set_defaults(func=cmd_compare)

@@ -1,18 +1,24 @@
 """`aepo compare`: several algorithms from one SFT checkpoint, several seeds, one table.
 
-Every preset starts from the same cold-start SFT model (§5: "all RL methods start from the
-same SFT model") with the same rollout budget (``rollout.n``, ``trainer.batch_size``,
-``trainer.steps``) and, for a given seed index, the same data order and sampling seed; only
-the algorithm (what the presets set) changes. Each metric is reported as the mean over seeds
-± the half-width of a 95% Student-t confidence interval, below an ``sft`` row: the shared SFT
-checkpoint evaluated once like the runs' final policies. Every run folder gets its ``config.yaml``.
+An *arm* is a name, a preset and the arm's own overrides (:class:`Arm`; ``--presets grpo`` is the
+arm ``grpo=grpo``). Every arm starts from the same cold-start SFT model (§5: "all RL methods start
+from the same SFT model") with the same rollout budget (``rollout.n``, ``trainer.batch_size``,
+``trainer.steps``; an arm may set its own ``rollout.n`` for a budget-matched comparison) and, for a
+given seed index, the same data order and sampling seed; only the algorithm (what the preset and
+the arm's overrides set) changes. Each metric is reported as the mean over seeds ± the half-width
+of a 95% Student-t confidence interval, below an ``sft`` row: the shared SFT checkpoint evaluated
+once like the runs' final policies. Every run folder gets its ``config.yaml``. Several processes
+may run disjoint arms of one output folder: the SFT stage runs under a file lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,26 +27,73 @@ from scipy import stats
 
 import yaml
 
-from aepo_rl.config import PRESETS, Config, ConfigError, from_dict, load_config, to_dict, to_yaml
+from aepo_rl.config import (PRESETS, Config, ConfigError, from_dict, load_config, parse_overrides, to_dict,
+                             to_yaml)
 from aepo_rl.progress import PhaseProgress, get_console
-from aepo_rl.report import mean_records, plot_records, plot_runs, read_metrics, read_run, series
+from aepo_rl.report import _pattern_regex, mean_records, plot_records, plot_runs, read_metrics, read_run, series
 from aepo_rl.tasks import get_task
 from aepo_rl.train.checkpoint import atomic_write_text
 from aepo_rl.train.pipeline import evaluate_model, run_rl_stage, run_sft_stage
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A compared number: its name in the tables and compare.json, what it is, the table it is printed in."""
+
+    name: str
+    doc: str
+    table: str
+
+
 COLUMNS = (
-    ("pass@1", "pass@1 on the evaluation split after RL"),
-    ("pass@k", "pass@k (k = eval.samples) after RL"),
-    ("tool_calls", "tool calls per evaluated answer (tool_calls/mean)"),
-    ("entropy_drift", "final − initial actor/entropy during RL"),
-    ("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over steps)"),
-    ("branches", "branches per prompt (rollout/branches_per_prompt, mean over steps; 0 without a tree)"),
-    ("largest_subtree", "share of a prompt's trajectories descending from its most-branched global sample "
-                        "(rollout/largest_subtree_share, mean over steps)"),
+    Column("pass@1", "pass@1 on the evaluation split after RL", "outcomes"),
+    Column("pass@k", "pass@k (k = eval.samples) after RL", "outcomes"),
+    Column("tool_calls", "tool calls per evaluated answer (tool_calls/mean)", "outcomes"),
+    Column("eval_entropy", "mean token entropy of the evaluated answers' own tokens (entropy/token_mean; tool "
+                           "results excluded): the same measurement for every arm, tree or chain", "outcomes"),
+    Column("calls_per_correct", "tool calls of all evaluated answers / correct answers", "tool efficiency"),
+    Column("tool_productivity", "correct answers / tool calls (OTC-PO's tool productivity)", "tool efficiency"),
+    Column("excess_calls", "tool calls of a correct answer minus its question's minimum (excess_calls/mean)",
+           "tool efficiency"),
+    Column("train_tool_calls", "tool calls executed in the training rollouts, all steps (Σ rollout/tool_calls; "
+                               "a fork does not re-run its parent's calls)", "training compute"),
+    Column("train_decode_tokens", "tokens decoded in the training rollouts, all steps (Σ rollout/decode_tokens)",
+           "training compute"),
+    Column("entropy_drift", "actor/entropy: mean of the last 20 steps − mean of the first 10 (shorter runs: "
+                            "the first third, at least one step, against the rest, at most 20)", "rollouts and entropy"),
+    Column("entropy_unique_drift", "the same windowed drift of actor/entropy_unique (a forked prefix counted once)",
+           "rollouts and entropy"),
+    Column("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over "
+                                 "steps)", "rollouts and entropy"),
+    Column("branches", "branches per prompt (rollout/branches_per_prompt, mean over steps; 0 without a tree)",
+           "rollouts and entropy"),
+    Column("largest_subtree", "share of a prompt's trajectories descending from its most-branched global sample "
+                              "(rollout/largest_subtree_share, mean over steps)", "rollouts and entropy"),
 )
+TABLES = ("outcomes", "per hop level", "tool efficiency", "training compute", "rollouts and entropy")
+"""The tables the columns are printed in, in order (a table without a column with a value is left out)."""
+EVAL_COLUMNS = {"pass@1": "pass@1", "pass@k": "pass@k", "tool_calls": "tool_calls/mean",
+                "eval_entropy": "entropy/token_mean", "calls_per_correct": "calls_per_correct",
+                "tool_productivity": "tool_productivity", "excess_calls": "excess_calls/mean"}
+"""Columns taken from the final evaluation (eval.json's entry): column → its key there."""
+HOP_METRICS = {"pass@1": "pass@1", "pass@k": "pass@k", "tool_calls": "tool_calls/mean"}
+"""Per hop level h (eval.json's ``by_hops``), the columns ``hop<h>:<name>``."""
 STEP_MEANS = {"distinct_per_group": "rollout/distinct_per_group", "branches": "rollout/branches_per_prompt",
               "largest_subtree": "rollout/largest_subtree_share"}
 """Columns that average a per-step rollout metric over the run's steps (None when it was never logged)."""
+STEP_SUMS = {"train_tool_calls": "rollout/tool_calls", "train_decode_tokens": "rollout/decode_tokens"}
+"""Columns that add up a per-step metric over the run's steps (None when it was never logged)."""
+DRIFTS = {"entropy_drift": "actor/entropy", "entropy_unique_drift": "actor/entropy_unique"}
+"""Columns that are the windowed drift (:func:`windowed_drift`) of a per-step metric."""
+LOGGED_MEANS = ("actor/pg_clipfrac", "actor/pg_clipfrac_*", "actor/grad_preserved_frac", "actor/grad_preserved_frac_*",
+                "rollout/consecutive_branch_mean", "rollout/consecutive_branch_share/*", "rollout/entropy_leverage",
+                "rollout/informative_group_frac")
+"""Metrics of metrics.jsonl (patterns as in ``aepo report``: ``*`` matches any non-empty text) that become a
+column of their own name in "rollouts and entropy", the mean over the run's steps, when some run logged
+them: extend this tuple to compare a new training metric."""
+DRIFT_WINDOWS = (10, 20)
+"""entropy_drift: mean of the last 20 steps − mean of the first 10."""
 SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once like the runs (–: an RL-only column)"
 
 
@@ -66,24 +119,48 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": student_t_critical(n - 1) * std / math.sqrt(n), "n": n}
 
 
-def algorithm_keys() -> set[str]:
-    """Keys that define an algorithm: everything some preset sets, plus the whole algorithm section."""
-    keys = {key for overrides in PRESETS.values() for key in overrides}
-    return keys | {f"algorithm.{f.name}" for f in dataclasses.fields(Config().algorithm)}
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One compared algorithm: ``name`` (its rows and run folders ``<name>-seed<i>``), the ``preset`` it
+    starts from, its own dotted ``overrides`` (applied to this arm only, after the common ones and the
+    budget: ``rollout.n`` here makes a budget-matched arm) and its number of ``seeds``."""
+
+    name: str
+    preset: str
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seeds: int = 1
 
 
-def user_overrides(cfg: Config) -> dict[str, Any]:
-    """The dotted keys where ``cfg`` differs from its bare preset (its YAML file and command-line overrides)."""
-    base, mine = _flatten(to_dict(load_config(cfg.preset))), _flatten(to_dict(cfg))
-    return {key: value for key, value in mine.items() if key != "preset" and base.get(key) != value}
+ARM_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+SEEDING_KEYS = ("trainer.seed", "rollout.seed")
 
 
-def split_overrides(cfg: Config) -> tuple[dict[str, Any], list[str]]:
-    """The user's overrides carried to every preset, and the algorithm keys that are not carried."""
-    algorithmic = algorithm_keys()
-    overrides = user_overrides(cfg)
-    carried = {k: v for k, v in overrides.items() if k not in algorithmic}
-    return carried, sorted(k for k in overrides if k in algorithmic)
+def parse_arm(text: str, seeds: int) -> Arm:
+    """``"NAME=PRESET[:SEEDS] [KEY=VALUE ...]"`` (whitespace-separated) → :class:`Arm`; e.g.
+    ``"arpo_random=arpo rollout.entropy_weight=0"`` or ``"grpo_n6=grpo:5 rollout.n=6"``."""
+    head, *items = text.split() or [""]
+    name, sep, preset = head.partition("=")
+    usage = "give NAME=PRESET[:SEEDS] [KEY=VALUE ...], e.g. --arm 'arpo_random=arpo rollout.entropy_weight=0'"
+    if not sep or not ARM_NAME.fullmatch(name) or name == "sft":
+        raise ConfigError(f"--arm {text!r}: {usage} (NAME: letters, digits, _ . -; not 'sft')")
+    preset, _, count = preset.partition(":")
+    if preset not in PRESETS:
+        raise ConfigError(f"--arm {text!r}: unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
+    try:
+        runs = int(count) if count else seeds
+    except ValueError:
+        raise ConfigError(f"--arm {text!r}: '{count}' is not a number of seeds; {usage}") from None
+    if runs < 1:
+        raise ConfigError(f"--arm {text!r} asks for {runs} seeds; at least 1")
+    overrides = parse_overrides(items)
+    if seeding := [k for k in overrides if k in SEEDING_KEYS]:
+        raise ConfigError(f"--arm {text!r} sets {', '.join(seeding)}: the seeds are the comparison's "
+                          "(--seeds and the common trainer.seed / rollout.seed), the same for every arm")
+    try:
+        load_config(preset, overrides=overrides)
+    except ConfigError as err:
+        raise ConfigError(f"--arm {text!r}: {err}") from None
+    return Arm(name, preset, overrides, runs)
 
 
 def parse_presets(text: str, seeds: int) -> dict[str, int]:
@@ -109,32 +186,99 @@ def parse_presets(text: str, seeds: int) -> dict[str, int]:
     return counts
 
 
-def preset_configs(cfg: Config, presets: list[str] | dict[str, int], seeds: int,
-                   steps: int | None) -> dict[tuple[str, int], Config]:
-    """One config per (preset, seed index): the preset plus the user's non-algorithm overrides.
+def as_arms(arms: list[Arm | str] | dict[str, int], seeds: int) -> list[Arm]:
+    """Arms from :class:`Arm` objects, preset names (``seeds`` runs each) or ``{preset: runs}``; names unique."""
+    if isinstance(arms, dict):
+        arms = [Arm(name, name, {}, runs) for name, runs in arms.items()]
+    out = [arm if isinstance(arm, Arm) else Arm(arm, arm, {}, seeds) for arm in arms]
+    if not out:
+        raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")
+    if min(arm.seeds for arm in out) < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {min(arm.seeds for arm in out)}")
+    for arm in out:
+        if arm.preset not in PRESETS:
+            raise ConfigError(f"arm {arm.name}: unknown preset '{arm.preset}'; presets: {', '.join(PRESETS)}")
+    names = [arm.name for arm in out]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"arm name(s) {', '.join(twice)} given twice (in --presets and/or --arm); names must differ")
+    return out
 
-    ``presets`` is a list (``seeds`` runs each) or ``{preset: runs}``. Seed index i sets
-    ``trainer.seed`` and ``rollout.seed`` to the user's value + i for every preset, so runs with
-    the same index see the same data order; the rollout budget is the user's.
+
+def user_overrides(cfg: Config) -> dict[str, Any]:
+    """The dotted keys where ``cfg`` differs from its bare preset (its YAML file and command-line overrides)."""
+    base, mine = _flatten(to_dict(load_config(cfg.preset))), _flatten(to_dict(cfg))
+    return {key: value for key, value in mine.items() if key != "preset" and base.get(key) != value}
+
+
+def common_overrides(cfg: Config, arms: list[Arm]) -> dict[str, Any]:
+    """The user's overrides (YAML file and command line), applied to every arm.
+
+    An override of a key that some compared arm's preset sets would change that arm's algorithm, or
+    apply to some arms and not to others: it is an error naming the arms, before anything runs (set it
+    in an arm's own overrides instead). The budget and seeding keys are handled by :func:`arm_configs`.
     """
-    counts = presets if isinstance(presets, dict) else dict.fromkeys(presets, seeds)
-    carried, _ = split_overrides(cfg)
+    overrides = user_overrides(cfg)
+    clashes = {key: [arm.name for arm in arms if key in PRESETS[arm.preset]] for key in overrides}
+    if clashes := {key: names for key, names in clashes.items() if names}:
+        listed = "; ".join(f"{key} (set by the preset of {', '.join(names)})" for key, names in clashes.items())
+        raise ConfigError(f"compare: the common override(s) {listed} would change what an arm's preset sets. Give "
+                          "them to the arms that should differ, e.g. --arm 'NAME=PRESET KEY=VALUE', or compare "
+                          "presets that leave them alone")
+    return overrides
+
+
+def arm_configs(cfg: Config, arms: list[Arm], steps: int | None) -> dict[tuple[str, int], Config]:
+    """One config per (arm name, seed index): preset, common overrides, budget, the arm's overrides, seeding.
+
+    Seed index i sets ``trainer.seed`` and ``rollout.seed`` to the user's value + i for every arm, so runs
+    with the same index see the same data order; the rollout budget (``rollout.n``,
+    ``trainer.batch_size``, ``trainer.steps``) is the user's unless the arm sets its own.
+    """
+    arms = as_arms(arms, 1)
+    common = common_overrides(cfg, arms)
     budget = {"rollout.n": cfg.rollout.n, "trainer.batch_size": cfg.trainer.batch_size,
               "trainer.steps": cfg.trainer.steps if steps is None else steps}
     configs = {}
-    for preset, runs in counts.items():
-        for index in range(runs):
+    for arm in arms:
+        for index in range(arm.seeds):
             seeding = {"trainer.seed": cfg.trainer.seed + index, "rollout.seed": cfg.rollout.seed + index}
-            configs[(preset, index)] = load_config(preset, overrides={**carried, **budget, **seeding})
+            try:
+                configs[(arm.name, index)] = load_config(arm.preset, overrides={**common, **budget, **arm.overrides,
+                                                                                **seeding})
+            except ConfigError as err:
+                raise ConfigError(f"arm {arm.name} (preset {arm.preset} with the common and its own overrides): "
+                                  f"{err}") from None
     return configs
 
 
-def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float]:
-    """pass@1, pass@k and tool calls of the one ``<task>/<split>`` entry of an evaluation of ``where``."""
+def preset_configs(cfg: Config, presets: list[str] | dict[str, int], seeds: int,
+                   steps: int | None) -> dict[tuple[str, int], Config]:
+    """:func:`arm_configs` of arms named after their presets (a list, ``seeds`` runs each, or ``{preset: runs}``)."""
+    return arm_configs(cfg, as_arms(presets, seeds), steps)
+
+
+def windowed_drift(values: list[float], windows: tuple[int, int] = DRIFT_WINDOWS) -> float | None:
+    """Mean of the last ``windows[1]`` values − mean of the first ``windows[0]`` (None for fewer than 2).
+
+    A run shorter than the two windows together compares its first third (at least one step, at most
+    ``windows[0]``) with the steps after it (at most ``windows[1]``), so the windows never overlap.
+    """
+    if len(values) < 2:
+        return None
+    first = min(windows[0], max(1, len(values) // 3))
+    last = min(windows[1], len(values) - first)
+    return math.fsum(values[-last:]) / last - math.fsum(values[:first]) / first
+
+
+def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float | None]:
+    """The :data:`EVAL_COLUMNS` and per-hop columns of the one ``<task>/<split>`` entry of an evaluation."""
     entries = [m for name, m in eval_result.items() if name.endswith(f"/{split}")]
     if len(entries) != 1:
         raise ValueError(f"{where}: expected one '<task>/{split}' evaluation, got keys {sorted(eval_result)}")
-    return {"pass@1": entries[0]["pass@1"], "pass@k": entries[0]["pass@k"], "tool_calls": entries[0]["tool_calls/mean"]}
+    entry = entries[0]
+    hops = {f"hop{h}:{col}": level.get(key) for h, level in entry.get("by_hops", {}).items()
+            for col, key in HOP_METRICS.items()}
+    return {**{col: entry.get(key) for col, key in EVAL_COLUMNS.items()}, **hops}
 
 
 def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
@@ -144,22 +288,37 @@ def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict
     def values(metric: str) -> list[float]:
         return series(records, metric).get(metric, ([], []))[1]
 
-    entropy = values("actor/entropy")
     means = {col: math.fsum(v) / len(v) if (v := values(metric)) else None for col, metric in STEP_MEANS.items()}
+    sums = {col: math.fsum(v) if (v := values(metric)) else None for col, metric in STEP_SUMS.items()}
+    logged = {name: math.fsum(v) / len(v) for pattern in LOGGED_MEANS
+              for name, (_, v) in series(records, pattern).items()}
     return {**eval_metrics(eval_result, split, run_dir),
-            "entropy_drift": entropy[-1] - entropy[0] if entropy else None, **means,
+            **{col: windowed_drift(values(metric)) for col, metric in DRIFTS.items()}, **means, **sums, **logged,
             "rl_time_s": math.fsum(values("timing_s/step"))}
 
 
-def summarize(runs: dict[str, list[dict[str, float | None]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{preset: {column: mean_ci95 over seeds}}``."""
-    return {preset: {col: mean_ci95([r[col] for r in rows]) for col, _ in COLUMNS} for preset, rows in runs.items()}
+def columns_of(rows: list[dict[str, Any]]) -> list[Column]:
+    """The columns of a comparison: :data:`COLUMNS`, ``hop<h>:…`` and :data:`LOGGED_MEANS` ones, each kept when
+    some row has a value for it, in :data:`TABLES` order."""
+    names = {key for row in rows for key, value in row.items() if value is not None}
+    hop_names = sorted((n for n in names if n.startswith("hop") and ":" in n),
+                       key=lambda n: (int(n[3:n.index(":")]), list(HOP_METRICS).index(n.split(":", 1)[1])))
+    logged = sorted(n for n in names if any(_pattern_regex(p).fullmatch(n) for p in LOGGED_MEANS))
+    found = ([c for c in COLUMNS if c.name in names]
+             + [Column(n, f"{HOP_METRICS[n.split(':', 1)[1]]} over the questions needing {n[3:n.index(':')]} "
+                          "search(es) (eval.json by_hops)", "per hop level") for n in hop_names]
+             + [Column(n, f"{n} from metrics.jsonl, mean over steps", "rollouts and entropy") for n in logged])
+    return sorted(found, key=lambda c: TABLES.index(c.table))
 
 
-def sft_row(eval_result: dict[str, dict], split: str, sft_dir: Path) -> dict[str, dict[str, Any] | None]:
+def summarize(runs: dict[str, list[dict[str, float | None]]], columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{arm: {column: mean_ci95 over seeds}}``."""
+    return {arm: {c.name: mean_ci95([r.get(c.name) for r in rows]) for c in columns} for arm, rows in runs.items()}
+
+
+def sft_row(sft_metrics: dict[str, float | None], columns: list[Column]) -> dict[str, dict[str, Any] | None]:
     """The SFT checkpoint's row: its one evaluation (n = 1), None in the RL-only columns."""
-    measured = eval_metrics(eval_result, split, sft_dir)
-    return {col: mean_ci95([measured[col]]) if col in measured else None for col, _ in COLUMNS}
+    return {c.name: mean_ci95([sft_metrics[c.name]]) if c.name in sft_metrics else None for c in columns}
 
 
 def format_cell(stat: dict[str, Any] | None) -> str:
@@ -172,29 +331,23 @@ def format_cell(stat: dict[str, Any] | None) -> str:
     return f"{stat['mean']:.3f} ± {stat['ci95']:.3f}"
 
 
-OUTCOME_COLUMNS = ("pass@1", "pass@k", "tool_calls")
-PAIRED_TABLES = ((OUTCOME_COLUMNS, "outcomes"),
-                 (tuple(col for col, _ in COLUMNS if col not in OUTCOME_COLUMNS), "rollouts and entropy"))
-"""The paired differences are printed as two tables: the final evaluation's columns, then every
-other column of :data:`COLUMNS` (the JSON holds them all)."""
-
-
-def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{preset: {column: mean_ci95 of (preset − reference) over the seed indices both ran}}``.
+def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str,
+                       columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{arm: {column: mean_ci95 of (arm − reference) over the seed indices both ran}}``.
 
     Runs with the same seed index share the SFT model, the data order and the sampling seed, so the
-    per-seed difference removes what they have in common: its interval is the test of "preset and
+    per-seed difference removes what they have in common: its interval is the test of "arm and
     reference differ" (an interval holding 0 does not separate them).
     """
     ref = {row["seed_index"]: row for row in runs[reference]}
     out = {}
-    for preset, rows in runs.items():
-        if preset == reference:
+    for arm, rows in runs.items():
+        if arm == reference:
             continue
         pairs = [(row, ref[row["seed_index"]]) for row in rows if row["seed_index"] in ref]
-        out[preset] = {col: mean_ci95([None if a.get(col) is None or b.get(col) is None else a[col] - b[col]
+        out[arm] = {c.name: mean_ci95([None if a.get(c.name) is None or b.get(c.name) is None else a[c.name] - b[c.name]
                                        for a, b in pairs])
-                       for col, _ in COLUMNS}
+                    for c in columns}
     return out
 
 
@@ -205,17 +358,22 @@ def separates(stat: dict[str, Any] | None) -> str:
     return "yes" if abs(stat["mean"]) > stat["ci95"] else "no"
 
 
-def paired_table(diffs: dict[str, dict[str, dict[str, Any]]], reference: str) -> str:
-    """Markdown: one table per :data:`PAIRED_TABLES` entry, a row per preset, Δ and "separated" per column."""
-    lines = [f"Paired differences, preset − {reference}, over the seed indices both ran (same SFT model, data order "
+def _tables(columns: list[Column]) -> list[tuple[str, list[Column]]]:
+    """``columns`` grouped by :data:`TABLES`, empty tables left out."""
+    return [(t, cols) for t in TABLES if (cols := [c for c in columns if c.table == t])]
+
+
+def paired_table(diffs: dict[str, dict[str, dict[str, Any]]], reference: str, columns: list[Column]) -> str:
+    """Markdown: one table per :data:`TABLES` entry, a row per arm, Δ and "separated" per column."""
+    lines = [f"Paired differences, arm − {reference}, over the seed indices both ran (same SFT model, data order "
              f"and sampling seed); 'separated': the 95% interval excludes 0."]
-    for columns, title in PAIRED_TABLES:
+    for title, cols in _tables(columns):
         lines += ["", f"{title[0].upper()}{title[1:]}:", "",
-                  "| preset | pairs | " + " | ".join(f"Δ{col} | separated" for col in columns) + " |",
-                  "|" + "---|" * (2 + 2 * len(columns))]
-        for preset, row in diffs.items():
-            cells = " | ".join(f"{format_cell(row[col])} | {separates(row[col])}" for col in columns)
-            lines.append(f"| {preset} | {row[columns[0]]['n']} | {cells} |")
+                  "| arm | pairs | " + " | ".join(f"Δ{c.name} | separated" for c in cols) + " |",
+                  "|" + "---|" * (2 + 2 * len(cols))]
+        for arm, row in diffs.items():
+            cells = " | ".join(f"{format_cell(row[c.name])} | {separates(row[c.name])}" for c in cols)
+            lines.append(f"| {arm} | {row[cols[0].name]['n']} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -235,10 +393,10 @@ def plot_preset_means(runs: dict[str, list[dict[str, Any]]], sft_eval: dict[str,
 
 
 def seed_table(runs: dict[str, list[dict[str, Any]]]) -> str:
-    """Every run's pass@1 / pass@k, by preset and seed (nothing selected, nothing left out)."""
+    """Every run's pass@1 / pass@k, by arm and seed (nothing selected, nothing left out)."""
     width = max((row["seed_index"] + 1 for rows in runs.values() for row in rows), default=0)
     lines = ["Every run: pass@1 / pass@k by seed index (trainer.seed and rollout.seed = yours + index):", "",
-             "| preset | " + " | ".join(f"seed {i}" for i in range(width)) + " |", "|" + "---|" * (width + 1)]
+             "| arm | " + " | ".join(f"seed {i}" for i in range(width)) + " |", "|" + "---|" * (width + 1)]
     for preset, rows in runs.items():
         by_index = {row["seed_index"]: f"{row['pass@1']:.3f} / {row['pass@k']:.3f}" for row in rows}
         cells = [by_index.get(i, "–") for i in range(width)]
@@ -247,9 +405,9 @@ def seed_table(runs: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def time_table(runs: dict[str, list[dict[str, Any]]]) -> str:
-    """RL wall time per preset (sum of ``timing_s/step`` over each run's steps: evaluation excluded)."""
+    """RL wall time per arm (sum of ``timing_s/step`` over each run's steps: evaluation excluded)."""
     lines = ["RL time per run (sum of timing_s/step; on a shared machine these move with its load):", "",
-             "| preset | runs | mean s per run | total s |", "|---|---|---|---|"]
+             "| arm | runs | mean s per run | total s |", "|---|---|---|---|"]
     for preset, rows in runs.items():
         times = [row["rl_time_s"] for row in rows]
         mean = f"{math.fsum(times) / len(times):.0f}" if times else "–"
@@ -258,21 +416,57 @@ def time_table(runs: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _seeds_cell(row: dict[str, Any]) -> str:
-    stat = row[COLUMNS[0][0]]
+    stat = row["pass@1"]
     return "–" if stat is None else str(stat["n"])
 
 
-def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, steps: int) -> str:
-    """``seeds``: the most runs of any preset (a preset's own count is its ``seeds`` column)."""
-    header = "| preset | seeds | " + " | ".join(col for col, _ in COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 2)]
-    for preset, row in summary.items():
-        lines.append(f"| {preset} | {_seeds_cell(row)} | " + " | ".join(format_cell(row[col]) for col, _ in COLUMNS) + " |")
-    ci_note = ("mean ± 95% CI half-width (Student t over a preset's seeds)" if seeds > 1
+def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, steps: int, columns: list[Column],
+                   arms: list[Arm] | None = None) -> str:
+    """``seeds``: the most runs of any arm (an arm's own count is its ``seeds`` column); one table per
+    :data:`TABLES` entry, then the notes: what each arm is and what each column means."""
+    lines = []
+    for title, cols in _tables(columns):
+        lines += [f"{title[0].upper()}{title[1:]}:", "", "| arm | seeds | " + " | ".join(c.name for c in cols) + " |",
+                  "|" + "---|" * (len(cols) + 2)]
+        lines += [f"| {arm} | {_seeds_cell(row)} | " + " | ".join(format_cell(row[c.name]) for c in cols) + " |"
+                  for arm, row in summary.items()]
+        lines.append("")
+    ci_note = ("mean ± 95% CI half-width (Student t over an arm's seeds)" if seeds > 1
                else "one seed: no confidence interval (use --seeds ≥ 2)")
     notes = [f"{steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
-    notes += [f"- {SFT_ROW_NOTE}"] + [f"- **{col}**: {doc}" for col, doc in COLUMNS]
-    return "\n".join(lines + [""] + notes) + "\n"
+    notes += [f"- arm **{arm.name}**: preset {arm.preset}" + (", " + ", ".join(f"{k}={v}" for k, v in arm.overrides.items())
+                                                           if arm.overrides else "") for arm in arms or []
+              if arm.overrides or arm.name != arm.preset]
+    notes += [f"- {SFT_ROW_NOTE}"] + [f"- **{c.name}**: {c.doc}" for c in columns]
+    return "\n".join(lines + notes) + "\n"
+
+
+def _console_tables(summary: dict[str, dict[str, dict[str, Any]]], columns: list[Column], title: str) -> None:
+    """The summary as rich tables, one per :data:`TABLES` entry."""
+    from rich.table import Table
+
+    for name, cols in _tables(columns):
+        table = Table(title=f"{title}: {name}")
+        table.add_column("arm")
+        table.add_column("seeds", justify="right")
+        for c in cols:
+            table.add_column(c.name, justify="right")
+        for arm, row in summary.items():
+            table.add_row(arm, _seeds_cell(row), *(format_cell(row[c.name]) for c in cols), end_section=arm == "sft")
+        get_console().print(table)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive ``flock`` on ``path`` (created) for the ``with`` block: another `aepo compare` process on
+    the same folder waits here (the SFT stage, the tables)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _finished(run_dir: Path, cfg: Config, key: str = "rl") -> dict | None:
@@ -287,91 +481,83 @@ def _finished(run_dir: Path, cfg: Config, key: str = "rl") -> dict | None:
         return None
 
 
-def compare_main(cfg: Config, presets: list[str] | dict[str, int], seeds: int, steps: int | None = None,
+def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: int, steps: int | None = None,
                  out_dir: str | None = None, reference: str | None = None, table_only: bool = False) -> int:
-    """`aepo compare`: SFT once, then RL for every preset × seed; table, JSON, markdown and plots.
+    """`aepo compare`: SFT once, then RL for every arm × seed; table, JSON, markdown and plots.
 
-    ``presets``: a list (``seeds`` runs each) or ``{preset: runs}``. Run again with the same
-    ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
-    ``eval.json`` holds its final evaluation under the same config, and an interrupted run
-    resumes from its newest checkpoint. ``reference`` (default ``aepo`` when compared, else the
-    first preset): the preset the paired differences are taken against. ``table_only``: train
-    nothing, tabulate the runs finished so far (another process may be running the rest).
+    ``presets``: :class:`Arm` objects or preset names (``seeds`` runs each), or ``{preset: runs}``. Run again
+    with the same ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
+    ``eval.json`` holds its final evaluation under the same config, and an interrupted run resumes from
+    its newest checkpoint. Another process may run other arms in the same ``out_dir`` at the same time:
+    the first builds and evaluates the SFT model while the other waits (a file lock), and each writes
+    the tables of its own arms (``table_only`` over the union tabulates them all). ``reference``
+    (default ``aepo`` when compared, else the first arm): the arm the paired differences are taken
+    against. ``table_only``: train nothing, tabulate the runs finished so far.
     """
-    from rich.table import Table
-
-    counts = presets if isinstance(presets, dict) else dict.fromkeys(presets, seeds)
-    if not counts:
-        raise ConfigError("--presets is empty; e.g. --presets grpo,arpo,aepo")
-    if min(counts.values()) < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {min(counts.values())}")
-    seeds = max(counts.values())
-    reference = reference or ("aepo" if "aepo" in counts else next(iter(counts)))
-    if reference not in counts:
-        raise ConfigError(f"--reference {reference!r} is not among --presets ({', '.join(counts)})")
+    arms = as_arms(presets, seeds)
+    names = [arm.name for arm in arms]
+    seeds = max(arm.seeds for arm in arms)
+    reference = reference or ("aepo" if "aepo" in names else names[0])
+    if reference not in names:
+        raise ConfigError(f"--reference {reference!r} is not among the compared arms ({', '.join(names)})")
     if table_only and not out_dir:
         raise ConfigError("--table-only needs --out: the folder of the comparison to tabulate")
     out = Path(out_dir) if out_dir else Path(cfg.trainer.run_dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    configs = preset_configs(cfg, counts, seeds, steps)
-    _, dropped = split_overrides(cfg)
-    if dropped:
-        print(f"compare: not carried to the presets (algorithm settings): {', '.join(dropped)}")
+    configs = arm_configs(cfg, arms, steps)
+    sft_model_dir = str(out / "sft" / "checkpoints" / "sft")
     if table_only:
-        sft_model_dir = str(out / "sft" / "checkpoints" / "sft")
         sft_eval = _finished(out / "sft", cfg, "sft")
         if sft_eval is None:
             raise ConfigError(f"{out}: no evaluated SFT model made with this config in {out / 'sft'}; run the "
-                              "comparison (without --table-only) first, with the same presets and overrides")
+                              "comparison (without --table-only) first, with the same common overrides")
     else:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
-        sft_model_dir = run_sft_stage(cfg, out / "sft")
-        # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
-        sft_eval = _finished(out / "sft", cfg, "sft")
-        if sft_eval is None:
-            sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
-            atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
-    runs: dict[str, list[dict]] = {preset: [] for preset in counts}
+        with _locked(out / "sft.lock"):  # a second process on this folder waits for the first one's SFT model
+            sft_eval = _finished(out / "sft", cfg, "sft")
+            if sft_eval is None:
+                atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
+            sft_model_dir = run_sft_stage(cfg, out / "sft")
+            # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
+            if sft_eval is None:
+                sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
+                atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     run_dirs, missing = [], []
     with PhaseProgress("compare", len(configs), unit="runs") as progress:
-        for (preset, index), run_cfg in configs.items():
-            run_dir = out / f"{preset}-seed{index}"
+        for (name, index), run_cfg in configs.items():
+            run_dir = out / f"{name}-seed{index}"
             eval_result = _finished(run_dir, run_cfg)
             if eval_result is None and table_only:
                 missing.append(run_dir.name)
-                progress.advance(info=f"{preset} seed {index} not finished")
+                progress.advance(info=f"{name} seed {index} not finished")
                 continue
             if eval_result is None:
                 atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
                 eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
-            runs[preset].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
-                                 **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
+            runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
+                               **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
             run_dirs.append(run_dir)
-            progress.advance(info=f"{preset} seed {index} done")
+            progress.advance(info=f"{name} seed {index} done")
     num_steps = next(iter(configs.values())).trainer.steps
-    summary = {"sft": sft_row(sft_eval, cfg.eval.split, out / "sft"), **summarize(runs)}
-    diffs = paired_differences(runs, reference)
-    (out / "compare.json").write_text(json.dumps(
-        {"presets": list(counts), "seeds": counts, "steps": num_steps, "sft_model": str(sft_model_dir),
-         "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs,
-         "unfinished": missing}, indent=2) + "\n")
-    (out / "compare.md").write_text(markdown_table(summary, seeds, num_steps)
-                                    + ("\n" + paired_table(diffs, reference) if diffs else "")
-                                    + "\n" + seed_table(runs) + "\n" + time_table(runs)
-                                    + (f"\nNot finished yet (left out above): {', '.join(missing)}\n" if missing else ""))
-    plot_preset_means({p: rows for p, rows in runs.items() if rows}, sft_eval, out / "plots")
-    if run_dirs:
-        plot_runs(run_dirs, out / "plots" / "runs")
-    table = Table(title=f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
-    table.add_column("preset")
-    table.add_column("seeds", justify="right")
-    for col, _ in COLUMNS:
-        table.add_column(col, justify="right")
-    for preset, row in summary.items():
-        table.add_row(preset, _seeds_cell(row), *(format_cell(row[col]) for col, _ in COLUMNS), end_section=preset == "sft")
-    get_console().print(table)
+    sft_metrics = eval_metrics(sft_eval, cfg.eval.split, out / "sft")
+    columns = columns_of([sft_metrics, *(row for rows in runs.values() for row in rows)])
+    summary = {"sft": sft_row(sft_metrics, columns), **summarize(runs, columns)}
+    diffs = paired_differences(runs, reference, columns)
+    with _locked(out / "tables.lock"):  # another process on this folder may be writing its tables
+        atomic_write_text(out / "compare.json", json.dumps(
+            {"arms": {arm.name: dataclasses.asdict(arm) for arm in arms}, "seeds": {arm.name: arm.seeds for arm in arms},
+             "steps": num_steps, "sft_model": str(sft_model_dir), "columns": [dataclasses.asdict(c) for c in columns],
+             "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs,
+             "unfinished": missing}, indent=2) + "\n")
+        atomic_write_text(out / "compare.md", markdown_table(summary, seeds, num_steps, columns, arms)
+                          + ("\n" + paired_table(diffs, reference, columns) if diffs else "")
+                          + "\n" + seed_table(runs) + "\n" + time_table(runs)
+                          + (f"\nNot finished yet (left out above): {', '.join(missing)}\n" if missing else ""))
+        plot_preset_means({p: rows for p, rows in runs.items() if rows}, sft_eval, out / "plots")
+        if run_dirs:
+            plot_runs(run_dirs, out / "plots" / "runs")
+    _console_tables(summary, columns, f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
     if diffs:
-        print(paired_table(diffs, reference))
+        print(paired_table(diffs, reference, columns))
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")
     return 0
 

@@ -296,6 +296,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "algorithm.tempered_logprobs": True, "algorithm.loss_agg_scope": "micro-batch",
     },
     "arpo": {"rollout.mode": "arpo", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
+    # Control (§1.4 with w = 0): arpo whose branch decisions ignore the entropy, P = U: random branching at
+    # arpo's budget, the test of "entropy-guided" (TreeRL's and TreePO's random-branching baseline).
+    "arpo_random": {"rollout.mode": "arpo", "rollout.entropy_weight": 0.0, "algorithm.policy_loss": "ppo",
+                    "algorithm.entropy_adv_coef": 0.0},
     "grpo": {"rollout.mode": "independent", "algorithm.policy_loss": "ppo", "algorithm.entropy_adv_coef": 0.0},
     "dapo": {"rollout.mode": "independent", "algorithm.policy_loss": "dapo", "algorithm.clip_ratio_high": 0.28,
              "algorithm.dynamic_sampling": True, "algorithm.overlong_buffer_len": 64,

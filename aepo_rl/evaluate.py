@@ -59,35 +59,73 @@ def score_groups(task: Task, examples: list[Example], groups: list[list[Trajecto
     """Metrics over questions (pass@1, pass@k, means over all samples) and one record per question.
 
     ``tool_errors/mean`` is the mean number of failed tool calls per sample (``ToolCall.error``),
-    next to ``tool_calls/mean``; each sample's record has its ``tool_errors`` count."""
+    next to ``tool_calls/mean``; each sample's record has its ``tool_errors`` count. The tool
+    efficiency, the entropy of the samples and the results per hop level are :func:`efficiency`'s
+    and :func:`by_hops`'s (docs/evaluation.md)."""
     if len(groups) != len(examples):
         raise ValueError(f"the rollout returned {len(groups)} groups for {len(examples)} questions")
-    records, pass1, passk, tool_calls, tool_errors, lengths, rewards = [], [], [], [], [], [], []
+    records = []
     for example, group in zip(examples, groups):
         if len(group) != k:
             raise ValueError(f"question {example.id}: the rollout returned {len(group)} samples, expected {k}")
-        samples = []
-        for traj in group:
-            sample = {"correct": bool(task.correct(example, traj.response_text)),
-                      "reward": float(task.reward(example, traj.response_text)),
-                      "tool_calls": traj.num_tool_calls, "tool_errors": sum(c.error for c in traj.tool_calls),
-                      "response_length": len(traj.response_token_ids),
-                      "finish_reason": traj.finish_reason, "response": traj.response_text}
-            samples.append(sample)
-            tool_calls.append(sample["tool_calls"])
-            tool_errors.append(sample["tool_errors"])
-            lengths.append(sample["response_length"])
-            rewards.append(sample["reward"])
-        num_correct = sum(s["correct"] for s in samples)
-        pass1.append(pass_at_k(k, num_correct, 1))
-        passk.append(pass_at_k(k, num_correct, k))
+        samples = [{"correct": bool(task.correct(example, traj.response_text)),
+                    "reward": float(task.reward(example, traj.response_text)),
+                    "tool_calls": traj.num_tool_calls, "tool_errors": sum(c.error for c in traj.tool_calls),
+                    "response_length": len(traj.response_token_ids),
+                    "model_tokens": sum(traj.loss_mask),
+                    "entropy_sum": math.fsum(h for h, m in zip(traj.entropies, traj.loss_mask) if m),
+                    "finish_reason": traj.finish_reason, "response": traj.response_text} for traj in group]
         records.append({"id": example.id, "question": example.question, "answers": example.answers,
-                        "num_samples": len(samples), "num_correct": num_correct, "samples": samples})
-    metrics = {"pass@1": _mean(pass1), "pass@k": _mean(passk), "k": k, "num_questions": len(examples),
-               "tool_calls/mean": _mean(tool_calls), "tool_errors/mean": _mean(tool_errors),
-               "response_length/mean": _mean(lengths),
-               "reward/mean": _mean(rewards)}
+                        "hops": example.extra_info.get("hops"),
+                        "min_tool_calls": example.extra_info.get("min_tool_calls"),
+                        "num_samples": len(samples), "num_correct": sum(s["correct"] for s in samples),
+                        "samples": samples})
+    samples = [s for r in records for s in r["samples"]]
+    metrics = {**_outcomes(records, k), "k": k, "num_questions": len(examples),
+               "tool_errors/mean": _mean([s["tool_errors"] for s in samples]),
+               "response_length/mean": _mean([s["response_length"] for s in samples]),
+               "reward/mean": _mean([s["reward"] for s in samples]),
+               **efficiency(records), "by_hops": by_hops(records, k)}
     return metrics, records
+
+
+def _outcomes(records: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """pass@1, pass@k (means over questions) and tool calls per sample of ``records``."""
+    return {"pass@1": _mean([pass_at_k(r["num_samples"], r["num_correct"], 1) for r in records]),
+            "pass@k": _mean([pass_at_k(r["num_samples"], r["num_correct"], k) for r in records]),
+            "tool_calls/mean": _mean([s["tool_calls"] for r in records for s in r["samples"]])}
+
+
+def by_hops(records: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
+    """``{"<hops>": {"num_questions", "pass@1", "pass@k", "tool_calls/mean"}}`` over the questions whose
+    example carries ``extra_info["hops"]`` (the synthetic task's searches needed), in hop order; {} for a
+    task without it."""
+    levels: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        if record["hops"] is not None:
+            levels.setdefault(int(record["hops"]), []).append(record)
+    return {str(hops): {"num_questions": len(rows), **_outcomes(rows, k)} for hops, rows in sorted(levels.items())}
+
+
+def efficiency(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Tool efficiency and the entropy of the evaluated samples (None where undefined).
+
+    ``calls_per_correct``: tool calls of all samples / correct samples. ``tool_productivity``: its
+    inverse, correct samples / tool calls (OTC-PO's "tool productivity"). ``excess_calls/mean``: mean
+    over the correct samples of questions with ``extra_info["min_tool_calls"]`` of calls − that minimum
+    (the teacher's searches + its python call). ``entropy/token_mean``: mean entropy of the model's own
+    tokens (loss mask 1; tool results excluded) over all samples, each token once: the engine's
+    per-token entropy (the full entropy for the HF engine).
+    """
+    samples = [s for r in records for s in r["samples"]]
+    calls, correct = sum(s["tool_calls"] for s in samples), sum(s["correct"] for s in samples)
+    excess = [s["tool_calls"] - r["min_tool_calls"] for r in records if r["min_tool_calls"] is not None
+              for s in r["samples"] if s["correct"]]
+    tokens = sum(s["model_tokens"] for s in samples)
+    return {"calls_per_correct": calls / correct if correct else None,
+            "tool_productivity": correct / calls if calls else None,
+            "excess_calls/mean": _mean(excess) if excess else None,
+            "entropy/token_mean": math.fsum(s["entropy_sum"] for s in samples) / tokens if tokens else None}
 
 
 def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_name: str,
@@ -136,6 +174,19 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
                       f"{m['tool_calls/mean']:.2f}", *errors, f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
     get_console().print(table)
+    for name, m in results.items():
+        extras = {key: m.get(key) for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",
+                                              "entropy/token_mean")}
+        get_console().print(f"{name}: " + ", ".join(f"{key} {'n/a' if v is None else f'{v:.3f}'}"
+                                                    for key, v in extras.items()))
+        if m.get("by_hops"):
+            hops = Table(title=f"{name} per hop level")
+            for column in ("hops", "questions", "pass@1", "pass@k", "tools"):
+                hops.add_column(column, justify="right")
+            for level, h in m["by_hops"].items():
+                hops.add_row(level, str(h["num_questions"]), f"{h['pass@1']:.3f}", f"{h['pass@k']:.3f}",
+                             f"{h['tool_calls/mean']:.2f}")
+            get_console().print(hops)
 
 
 def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,

@@ -316,3 +316,69 @@ def test_evaluate_through_the_real_rollout(tiny_tokenizer):
     assert [r["num_correct"] for r in m["records"]] == [3, 0, 1, 2]
     assert all(s["finish_reason"] in ("answer", "eos") for r in m["records"] for s in r["samples"])
     assert {(p.temperature, p.top_p, p.top_k) for p in engine.params} == {(0.6, 0.95, 20)}
+
+
+def _sample(question: int, right: bool, calls: int, entropies: list[float], mask: list[int]) -> Trajectory:
+    """A trajectory with ``calls`` searches whose tokens have these entropies and loss mask."""
+    rounds = [Round(start=i, end=i + 1, step_entropy=0.0, tool_call=ToolCall("search", "q", "r")) for i in range(calls)]
+    text = f"\\boxed{{gold{question}}}" if right else "\\boxed{nope}"
+    return Trajectory(prompt_id=f"q{question}", traj_id=0, parent_id=None, fork_token_index=None, prompt_token_ids=[1],
+                      response_token_ids=[7] * len(mask), loss_mask=mask, entropies=entropies, rounds=rounds,
+                      finish_reason="answer", response_text=text)
+
+
+def test_score_groups_reports_hops_tool_efficiency_and_the_entropy_of_the_models_tokens():
+    task = FakeTask(3)
+    examples = task.examples("test")
+    for example, hops, minimum in zip(examples, (1, 2, 2), (1, 2, 3)):
+        example.extra_info.update(hops=hops, min_tool_calls=minimum)
+    groups = [[_sample(0, True, 1, [1.0, 0.0, 3.0], [1, 0, 1]), _sample(0, False, 0, [2.0], [1])],
+              [_sample(1, True, 3, [0.5, 9.0], [1, 0]), _sample(1, True, 2, [0.5], [1])],
+              [_sample(2, False, 4, [1.0, 1.0], [1, 1]), _sample(2, False, 2, [4.0, 2.0], [0, 1])]]
+    metrics, records = score_groups(task, examples, groups, k=2)
+
+    assert metrics["by_hops"] == {
+        "1": {"num_questions": 1, "pass@1": 0.5, "pass@k": 1.0, "tool_calls/mean": 0.5},
+        "2": {"num_questions": 2, "pass@1": 0.5, "pass@k": 0.5, "tool_calls/mean": pytest.approx(11 / 4)}}
+    # 12 calls for 3 right answers; the right ones call 1 − 1, 3 − 2 and 2 − 2 beyond their question's minimum
+    assert metrics["calls_per_correct"] == pytest.approx(4.0) and metrics["tool_productivity"] == pytest.approx(0.25)
+    assert metrics["excess_calls/mean"] == pytest.approx(1 / 3)
+    # tool-result tokens (mask 0, here entropies 0, 9 and 4) are left out: (1 + 3 + 2 + 0.5 + 0.5 + 1 + 1 + 2) / 8
+    assert metrics["entropy/token_mean"] == pytest.approx(11 / 8)
+    assert [(r["hops"], r["min_tool_calls"]) for r in records] == [(1, 1), (2, 2), (2, 3)]
+    assert records[0]["samples"][0]["model_tokens"] == 2
+
+
+def test_tool_efficiency_without_hops_calls_or_right_answers_is_undefined_not_zero():
+    task = FakeTask(1)
+    metrics, _ = score_groups(task, task.examples("test"), [[_sample(0, False, 0, [], [])]], k=1)
+    assert metrics["by_hops"] == {}
+    assert {key: metrics[key] for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",
+                                          "entropy/token_mean")} == dict.fromkeys(
+        ("calls_per_correct", "tool_productivity", "excess_calls/mean", "entropy/token_mean"))
+
+
+def test_synthetic_min_tool_calls_is_the_teachers_number_of_calls():
+    from aepo_rl.config import TaskConfig
+    from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask
+
+    task = SyntheticTask(TaskConfig(max_hops=3, arithmetic_fraction=0.5, num_train=64, num_dev=8, num_test=64))
+    by_name = {t.name: t for t in TEMPLATES}
+    examples = task.examples("test")
+    for example in examples:
+        plan = by_name[example.extra_info["template"]].solve(task.world, example.extra_info["roots"])
+        assert example.extra_info["min_tool_calls"] == len(plan.queries) + (plan.python is not None)
+    assert {e.extra_info["min_tool_calls"] for e in examples} == {1, 2, 3}  # 3: two searches and python
+
+
+def test_print_results_shows_tool_efficiency_and_the_hop_levels(capsys):
+    from aepo_rl.evaluate import print_results
+
+    m = {"pass@1": 0.5, "pass@k": 0.75, "k": 2, "num_questions": 3, "tool_calls/mean": 2.0, "tool_errors/mean": 0.0,
+         "response_length/mean": 10.0, "reward/mean": 0.5, "calls_per_correct": 4.0, "tool_productivity": 0.25,
+         "excess_calls/mean": None, "entropy/token_mean": 1.375,
+         "by_hops": {"1": {"num_questions": 1, "pass@1": 0.5, "pass@k": 1.0, "tool_calls/mean": 0.5}}}
+    print_results({"synthetic/test": m})
+    out = capsys.readouterr().out
+    assert "calls_per_correct 4.000, tool_productivity 0.250, excess_calls/mean n/a, entropy/token_mean 1.375" in out
+    assert "per hop level" in out and "│    1 │         1 │  0.500 │  1.000 │  0.50 │" in out

@@ -310,7 +310,8 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
             data_source="synthetic", messages=chat_messages(question, system),
             extra_info={"split": split, "template": template.name, "hops": template.hops,
                         "arithmetic": template.arithmetic, "roots": roots,
-                        "entities": _chain_entities(world, solution)}))
+                        "entities": _chain_entities(world, solution),
+                        "min_tool_calls": len(solution.queries) + (solution.python is not None)}))
     raise ValueError(f"cannot draw {count} distinct {split} questions from {len(world.pool('person', split))} people "
                      f"with max_hops={max_hops}, arithmetic_fraction={arithmetic_fraction}: ask for fewer questions "
                      "or allow more hops / a mixed arithmetic share")
