@@ -92,6 +92,7 @@ class TaskConfig:
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
     num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
     num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
+    min_hops: int = knob(1, "Synthetic: fewest searches a question needs; each question's hop level is drawn uniformly from the levels min_hops..max_hops its kind has (arithmetic questions need 1-2).", ge=1, le=3)
     max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see docs/results.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
     teacher_error_rate: float = knob(0.5, "Synthetic: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see docs/results.md).", ge=0, le=1)
@@ -102,6 +103,7 @@ class TaskConfig:
     judge_url: str | None = knob(None, "OpenAI-compatible endpoint for the llm_judge reward.")
     judge_model: str = knob("Qwen2.5-72B-Instruct", "Judge model name (§3).")
     search_url: str | None = knob(None, "Search-R1 /retrieve server URL; None searches in-process.")
+    search_noise: float = knob(0.0, "Synthetic: probability that a search's top page is that of another entity of the same kind, drawn deterministically from the task seed and the query; the teacher sees the wrong title and searches again with a reformulated query (0 = off; at most 0.5).", ge=0, le=0.5)
     search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's demonstrations short: it reads one document).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
 
@@ -485,6 +487,9 @@ def validate(cfg: Config) -> Config:
                           "(N = a GPU index, e.g. cuda:1)")
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
         raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
+    if cfg.task.min_hops > cfg.task.max_hops:
+        raise ConfigError(f"task.min_hops={cfg.task.min_hops} must be <= task.max_hops={cfg.task.max_hops}: "
+                          f"raise task.max_hops or lower task.min_hops")
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
         raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
     return cfg

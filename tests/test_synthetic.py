@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from aepo_rl.config import TaskConfig, load_config
+from aepo_rl.config import ConfigError, TaskConfig, load_config
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.common import SYSTEM_PROMPT
-from aepo_rl.tasks.synthetic import TEMPLATES, SyntheticTask, build_world, make_questions, teacher_tools
+from aepo_rl.tasks.synthetic import (RETRY_WORDS, TEMPLATES, SyntheticTask, build_world, make_questions,
+                                     teacher_tools)
 from aepo_rl.tools import get_tool
 
 SMALL = dict(num_train=40, num_dev=24, num_test=24, num_demonstrations=40)
@@ -94,6 +95,73 @@ def test_difficulty_knobs():
     assert all(e.extra_info["arithmetic"] for e in arithmetic)
     deep = make_questions(world, "dev", 60, random.Random(0), max_hops=3, arithmetic_fraction=0.0)
     assert {e.extra_info["hops"] for e in deep} == {1, 2, 3}
+
+
+def test_min_hops_draws_questions_from_min_to_max_hops():
+    world = build_world(0)
+    questions = make_questions(world, "dev", 60, random.Random(0), max_hops=3, arithmetic_fraction=0.4, min_hops=2)
+    assert {e.extra_info["hops"] for e in questions} == {2, 3}
+    assert {e.extra_info["hops"] for e in questions if e.extra_info["arithmetic"]} == {2}  # arithmetic: 1-2 hops
+    task = small_task(min_hops=2, max_hops=3, num_demonstrations=30)
+    assert min(d.example.extra_info["hops"] for d in task.demonstrations()) == 2
+    assert min(e.extra_info["hops"] for e in task.examples("test")) == 2
+
+
+def test_min_hops_above_max_hops_or_leaving_no_template_fails_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"task.min_hops=3 must be <= task.max_hops=2"):
+        load_config(overrides={"task.min_hops": 3, "task.max_hops": 2})
+    with pytest.raises(ValueError, match=r"task.min_hops=3.*arithmetic questions need 1-2.*task.arithmetic_fraction=0"):
+        small_task(min_hops=3, max_hops=3, arithmetic_fraction=0.3)
+    assert {e.extra_info["hops"] for e in small_task(min_hops=3, max_hops=3, arithmetic_fraction=0).examples("dev")} == {3}
+
+
+def test_min_tool_calls_counts_the_teachers_calls(task):
+    """extra_info["min_tool_calls"]: the searches and python call of the error-free teacher's trajectory."""
+    for demo in task.demonstrations_for("dev"):
+        text = response(demo)
+        assert demo.example.extra_info["min_tool_calls"] == text.count("<search>") + text.count("<python>")
+    assert {e.extra_info["min_tool_calls"] for e in task.examples("test")} == {1, 2, 3}
+
+
+def test_search_noise_returns_another_page_of_the_same_kind_deterministically():
+    noisy, clean = small_task(search_noise=0.3), small_task()
+    world = noisy.world
+    names = [n for kind in ("person", "org", "city") for split in ("train", "test") for n in world.pool(kind, split)]
+    results = [noisy.tools()["search"].run(n) for n in names]
+    wrong = {n: r for n, r in zip(names, results) if not r.startswith(f"Page 1: {n} — ")}
+    assert 0.2 <= len(wrong) / len(names) <= 0.4, len(wrong) / len(names)
+    kind = {**dict.fromkeys(world.people, "p"), **dict.fromkeys(world.orgs, "o"), **dict.fromkeys(world.cities, "c")}
+    for name, result in wrong.items():
+        title = result.removeprefix("Page 1: ").split(" — ")[0]
+        assert title != name and kind[title] == kind[name] and world.split_of[title] == world.split_of[name]
+    assert all(clean.tools()["search"].run(n).startswith(f"Page 1: {n} — ") for n in wrong)  # noise 0: the right page
+    again = small_task(search_noise=0.3).tools()["search"]  # a fresh tool: same seed and query, same page
+    assert [again.run(n) for n in names] == results
+    assert [again.run(f"  {n.lower()} ") for n in wrong] == list(wrong.values())
+    other_seed = small_task(search_noise=0.3, seed=1)
+    other = [n for kind in ("person", "org", "city") for n in other_seed.world.pool(kind, "train")]
+    assert sum(not other_seed.tools()["search"].run(n).startswith(f"Page 1: {n} — ") for n in other) > 0
+
+
+def test_teacher_recovers_from_search_noise_by_searching_again():
+    task = small_task(search_noise=0.3, max_hops=3, teacher_error_rate=0.0, num_demonstrations=60)
+    corpus_words = {w.lower() for d in task.world.corpus for w in re.findall(r"\w+", d["title"] + " " + d["text"])}
+    assert not corpus_words & set(RETRY_WORDS)  # a retry word changes the noise draw, not BM25's ranking
+    def parts(query: str) -> tuple[str, int]:  # the searched name, and which retry (-1: the first search)
+        name, _, word = query.rpartition(" ")
+        return (name, RETRY_WORDS.index(word)) if word in RETRY_WORDS else (query, -1)
+
+    retried = 0
+    for demo in [*task.demonstrations(), *task.demonstrations_for("dev")]:
+        text = response(demo)
+        assert task.correct(demo.example, text), text
+        searches = [(parts(call.strip()[len("<search> "):-len("</search>")]), result.split("Page 1: ")[1].split(" — ")[0])
+                    for (call, _), (result, _) in zip(demo.pieces[0::2], demo.pieces[1::2]) if "<search>" in call]
+        for ((name, i), title), ((next_name, j), _) in zip(searches, [*searches[1:], ((None, -1), None)]):
+            wrong_page = title != name and i < len(RETRY_WORDS) - 1
+            assert (j == i + 1 and next_name == name) if wrong_page else j == -1, searches
+        retried += any(i >= 0 for (_, i), _ in searches)
+    assert retried >= 10
 
 
 def test_every_template_answer_follows_from_the_world():

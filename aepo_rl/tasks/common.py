@@ -61,22 +61,25 @@ class ToolOptions:
 
 
 def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
-                allowed: tuple[str, ...] = ("search", "python"), options: ToolOptions | None = None
-                ) -> dict[str, Tool]:
+                allowed: tuple[str, ...] = ("search", "python"), options: ToolOptions | None = None,
+                search_perturb=None) -> dict[str, Tool]:
     """Tools by tag. Search queries ``task_cfg.search_url`` when set, else an in-process BM25 index
-    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus.
+    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus;
+    ``search_perturb`` rewrites its hits (the search tool's ``perturb``).
     ``options`` default to those of the default :class:`Config`."""
     options = options or ToolOptions.from_config(Config())
     tools: dict[str, Tool] = {}
+    perturb = {"perturb": search_perturb} if search_perturb else {}  # a re-registered "search" need not take it
     if "search" in allowed:
         if task_cfg.search_url:
-            tools["search"] = get_tool("search", url=task_cfg.search_url, topk=task_cfg.search_topk)
+            tools["search"] = get_tool("search", url=task_cfg.search_url, topk=task_cfg.search_topk, **perturb)
         else:
             source = task_cfg.corpus or corpus
             if source is None:
                 raise ConfigError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
                                  "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
-            tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir)
+            tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir,
+                                       **perturb)
     if "python" in allowed:
         tools["python"] = get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers,
                                    write_mb=options.python_write_mb)

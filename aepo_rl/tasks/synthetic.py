@@ -6,7 +6,8 @@ fact after a cue word ("(born–died)", "from", "based in", "founded in", "by"),
 the entities into train/dev/test so that no entity of one split appears in another split's
 questions. Questions need 1-3 searches (the query is always
 an entity name copied from the question or from a result) and sometimes a one-line python
-computation (differences of years, sums of quantities). Teacher demonstrations are scripted
+computation (differences of years, sums of quantities). With ``search_noise`` a search sometimes
+returns another entity's page (:class:`SearchNoise`). Teacher demonstrations are scripted
 trajectories in the release's tag protocol (§1.1) whose tool results come from running the
 task's own tools; a share ``teacher_error_rate`` carries a deliberate error so cold-start SFT
 leaves headroom for RL (§5), and each gets fresh invented names so that SFT learns to copy names
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import random
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +31,7 @@ from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, split_examples, system_prompt
 from aepo_rl.tools.base import Tool
+from aepo_rl.tools.search import Hit
 
 SPLITS = ("train", "dev", "test")
 DEFAULT_QUESTIONS = {"train": 512, "dev": 64, "test": 256}
@@ -164,6 +167,33 @@ def _city_text(c: City) -> str:
     return f"{c.name} is a city founded in {c.founded}, with {c.population} inhabitants."
 
 
+# ---------------------------------------------------------------- noisy search
+
+class SearchNoise:
+    """The search tool's ``perturb`` under ``task.search_noise`` = p: with probability p the top page
+    is replaced by the page of another entity of the same kind (person, organisation or city) from
+    the same split. Whether and by which page is a hash of the task seed and the query (lower-cased,
+    spaces squeezed), so a run, an evaluation and a retried identical query see the same page; a
+    reformulated query is a fresh draw. Pages that are no entity's are left as they are."""
+
+    def __init__(self, world: World, p: float, seed: int):
+        self.world, self.p, self.seed = world, p, seed
+        self.docs = {d["title"]: d for d in world.corpus}
+        self.kinds = {**dict.fromkeys(world.people, "person"), **dict.fromkeys(world.orgs, "org"),
+                      **dict.fromkeys(world.cities, "city")}
+
+    def __call__(self, query: str, hits: list[Hit]) -> list[Hit]:
+        kind = self.kinds.get(hits[0].title) if hits else None
+        if kind is None:
+            return hits
+        digest = hashlib.sha256(f"search-noise-{self.seed}-{' '.join(query.lower().split())}".encode()).digest()
+        if int.from_bytes(digest[:8], "big") / 2**64 >= self.p:
+            return hits
+        pool = [n for n in self.world.pool(kind, self.world.split_of[hits[0].title]) if n != hits[0].title]
+        doc = self.docs[pool[int.from_bytes(digest[8:16], "big") % len(pool)]]
+        return [Hit(doc["id"], doc["title"], doc["text"], hits[0].score), *hits[1:]]
+
+
 # ---------------------------------------------------------------- questions
 
 @dataclass
@@ -280,16 +310,23 @@ _TEMPLATES = {t.name: t for t in TEMPLATES}
 
 
 def make_questions(world: World, split: str, count: int, rng: random.Random, max_hops: int,
-                   arithmetic_fraction: float, system: str = SYSTEM_PROMPT) -> list[Example]:
+                   arithmetic_fraction: float, system: str = SYSTEM_PROMPT, min_hops: int = 1) -> list[Example]:
     """``count`` distinct questions about the entities of ``split``, each after the system message ``system``.
 
     Each question is arithmetic with probability ``arithmetic_fraction``; its hop level is drawn
-    uniformly from the levels (≤ ``max_hops``) that have templates of that kind.
+    uniformly from the levels (``min_hops``..``max_hops``) that have templates of that kind.
+    ``extra_info`` holds its ``hops`` and ``min_tool_calls``: the calls of the teacher's solution
+    (its searches and python call), the fewest that answer it.
     """
     by_level: dict[tuple[bool, int], list[QuestionTemplate]] = {}
     for t in TEMPLATES:
-        if t.hops <= max_hops:
+        if min_hops <= t.hops <= max_hops:
             by_level.setdefault((t.arithmetic, t.hops), []).append(t)
+    for arithmetic, share in ((True, arithmetic_fraction), (False, 1 - arithmetic_fraction)):
+        if share > 0 and not any(a == arithmetic for a, _ in by_level):
+            kind = "arithmetic questions need 1-2 searches" if arithmetic else "questions need 1-3 searches"
+            raise ValueError(f"task.min_hops={min_hops}, task.max_hops={max_hops}: no question template in that range "
+                             f"({kind}); widen the range or set task.arithmetic_fraction={int(not arithmetic)}")
     examples, seen = [], set()
     for _ in range(100 * count + 1000):
         if len(examples) == count:
@@ -313,7 +350,7 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
                         "entities": _chain_entities(world, solution),
                         "min_tool_calls": len(solution.queries) + (solution.python is not None)}))
     raise ValueError(f"cannot draw {count} distinct {split} questions from {len(world.pool('person', split))} people "
-                     f"with max_hops={max_hops}, arithmetic_fraction={arithmetic_fraction}: ask for fewer questions "
+                     f"with hops {min_hops}-{max_hops}, arithmetic_fraction={arithmetic_fraction}: ask for fewer questions "
                      "or allow more hops / a mixed arithmetic share")
 
 
@@ -362,11 +399,25 @@ def _slip(world: World, example: Example, rng: random.Random) -> Solution:
 _MISTAKES = {"wrong_query": _wrong_query, "skipped_search": _guess, "arithmetic_slip": _slip}
 
 
-def teacher_pieces(solution: Solution, tools: dict[str, Tool], fmt: str = "xml") -> list[tuple[str, bool]]:
+RETRY_WORDS = ("profile", "record", "entry")
+"""Words the teacher appends to a search query whose result is not the searched entity's page
+(:class:`SearchNoise`), one more attempt per word; none occurs in the corpus, so BM25 ranks alike."""
+
+
+def _shows_page(result: str, title: str) -> bool:
+    """Whether a search result (``Page i: title — text`` lines) has the page titled ``title``."""
+    return re.search(rf"^Page \d+: {re.escape(title)} — ", result, re.MULTILINE) is not None
+
+
+def teacher_pieces(solution: Solution, tools: dict[str, Tool], fmt: str = "xml",
+                   retry_words: tuple[str, ...] = ()) -> list[tuple[str, bool]]:
     """A trajectory in the tool protocol (§1.1) of format ``fmt``, tool results from running ``tools``.
 
     Model pieces (trained) and result blocks (not trained) alternate; the final answer of an
-    arithmetic solution is the python tool's own output. A copied value is written after a space,
+    arithmetic solution is the python tool's own output. When a search returns another entity's
+    page (search noise), the teacher searches again with the next of ``retry_words`` appended
+    (:data:`RETRY_WORDS`: ``<search> Vela Korr profile</search>``) until the page is the searched
+    one; after the last word it goes on with its plan. A copied value is written after a space,
     as in running text (``<search> Vela Korr</search>``, ``\\boxed{ 1874}``), so copying it from
     the question or a result is the same tokens (the search and the answer check strip it).
     Hermes results are ChatML user turns, as the rollout writes them for a tokenizer with the
@@ -377,10 +428,14 @@ def teacher_pieces(solution: Solution, tools: dict[str, Tool], fmt: str = "xml")
     answer = solution.answer
     calls = [("search", q) for q in solution.queries] + ([("python", solution.python)] if solution.python else [])
     for tag, arg in calls:
-        call = protocol.format_call(tag, f" {arg}" if tag == "search" else arg)
-        pieces.append((f"{' ' if pieces else ''}{call}", True))
-        output = tools[tag].run(arg)
-        pieces.append((protocol.format_result(output, chatml=True), False))
+        attempts = [arg, *(f"{arg} {word}" for word in retry_words)] if tag == "search" else [arg]
+        for attempt in attempts:
+            call = protocol.format_call(tag, f" {attempt}" if tag == "search" else attempt)
+            pieces.append((f"{' ' if pieces else ''}{call}", True))
+            output = tools[tag].run(attempt)
+            pieces.append((protocol.format_result(output, chatml=True), False))
+            if tag != "search" or _shows_page(output, arg):
+                break
         if tag == "python":
             answer = output.strip()
     pieces.append((f"{' ' if pieces else ''}{protocol.format_answer(f' {answer}')}", True))
@@ -455,7 +510,7 @@ class SyntheticTask:
         self.world = build_world(task_cfg.seed, counts)
         self._examples = {
             split: make_questions(self.world, split, counts[split], random.Random(f"questions-{task_cfg.seed}-{split}"),
-                                  task_cfg.max_hops, task_cfg.arithmetic_fraction, self.system)
+                                  task_cfg.max_hops, task_cfg.arithmetic_fraction, self.system, task_cfg.min_hops)
             for split in SPLITS}
         self._tools = tools
         self._demos: list[Demonstration] | None = None
@@ -466,7 +521,8 @@ class SyntheticTask:
 
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
-            self._tools = build_tools(self.cfg, corpus=self.world.corpus, options=self.tool_options)
+            noise = SearchNoise(self.world, self.cfg.search_noise, self.cfg.seed) if self.cfg.search_noise else None
+            self._tools = build_tools(self.cfg, corpus=self.world.corpus, options=self.tool_options, search_perturb=noise)
         return self._tools
 
     def reward(self, example: Example, response_text: str) -> float:
@@ -485,16 +541,18 @@ class SyntheticTask:
         Every name word of a demonstration is then replaced by a fresh invented word, the same
         one throughout that demonstration (question, queries, results, answer): the facts stay
         as the tools returned them, but no name recurs across demonstrations, so SFT cannot learn
-        names by heart and has to learn to copy them (the held-out names of dev/test are new)."""
+        names by heart and has to learn to copy them (the held-out names of dev/test are new).
+        Under ``search_noise`` the teacher searches again when a page is not the searched entity's
+        (:func:`teacher_pieces`), so an error-free demonstration stays correct."""
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"teacher-{self.cfg.seed}")
             questions = make_questions(self.world, "train", cfg.num_demonstrations, rng, cfg.max_hops,
-                                       cfg.arithmetic_fraction, self.system)
+                                       cfg.arithmetic_fraction, self.system, cfg.min_hops)
             flawed = set(rng.sample(range(len(questions)), round(cfg.teacher_error_rate * len(questions))))
             plans = [self._plan(ex, i in flawed, rng) for i, ex in enumerate(questions)]
             tools = teacher_tools(self.tools())
             with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
-                pieces = list(pool.map(lambda solution: teacher_pieces(solution, tools, self.tool_format), plans))
+                pieces = list(pool.map(lambda solution: self._teacher_pieces(solution, tools), plans))
             names = random.Random(f"renames-{cfg.seed}")
             self._demos = [_renamed(Demonstration(ex, p, has_error=i in flawed), self.name_pattern, names)
                            for i, (ex, p) in enumerate(zip(questions, pieces))]
@@ -504,9 +562,12 @@ class SyntheticTask:
         """Error-free teacher trajectories for every question of ``split`` (e.g. held-out SFT metrics)."""
         tools = teacher_tools(self.tools())
         with ThreadPoolExecutor(_TEACHER_THREADS) as pool:
-            return list(pool.map(lambda ex: Demonstration(ex, teacher_pieces(self._plan(ex, False, None), tools,
-                                                                       self.tool_format)),
+            return list(pool.map(lambda ex: Demonstration(ex, self._teacher_pieces(self._plan(ex, False, None), tools)),
                                  self.examples(split)))
+
+    def _teacher_pieces(self, solution: Solution, tools: dict[str, Tool]) -> list[tuple[str, bool]]:
+        """:func:`teacher_pieces` in the task's tool format; with search noise the teacher retries wrong pages."""
+        return teacher_pieces(solution, tools, self.tool_format, RETRY_WORDS if self.cfg.search_noise else ())
 
     def _plan(self, example: Example, flawed: bool, rng: random.Random | None) -> Solution:
         """The teacher's solution; a flawed one is redrawn until its answer is wrong."""

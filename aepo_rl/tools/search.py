@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -178,6 +179,8 @@ class SearchTool:
     an HTTP error, an invalid answer) comes back as ``Error: …`` text, a :class:`ToolError`, and
     is counted in ``stats`` (calls, errors, cache_hits); "No results found." is a result.
     Results are cached per (query, k). Thread-safe; ``search_batch`` sends many queries in one request.
+    ``perturb(query, hits) -> hits``, when given, rewrites every query's hits before they are
+    formatted (the synthetic task's search noise); it must be deterministic, as results are cached.
     """
 
     name = "search"
@@ -189,10 +192,11 @@ class SearchTool:
     def __init__(self, corpus: str | Path | list[dict] | None = None, url: str | None = None, topk: int = 3,
                  timeout: float = 5.0, retries: int = 3, backoff: float = 0.2, max_chars: int = 300,
                  max_query_chars: int = 1000, cache_dir: str | Path = "~/.cache/aepo_rl", seed: int = 0,
-                 cache_size: int = 4096):
+                 cache_size: int = 4096, perturb: Callable[[str, list[Hit]], list[Hit]] | None = None):
         if corpus is None and url is None:
             raise ValueError("the search tool needs a corpus (path, 'synthetic', 'wiki' or a list of documents) or a url")
         self.topk, self.max_chars, self.max_query_chars, self.cache_size = topk, max_chars, max_query_chars, cache_size
+        self.perturb = perturb
         self.client = RetrievalClient(url, timeout, retries, backoff) if url else None
         self.index = None if url else SearchIndex.from_corpus(corpus, cache_dir=cache_dir, seed=seed)
         self.stats = {"calls": 0, "errors": 0, "cache_hits": 0}
@@ -241,7 +245,7 @@ class SearchTool:
             return
         with self._lock:
             for (query, rows), hits in zip(pending.items(), hit_lists):
-                text = format_results(hits, self.max_chars)
+                text = format_results(self.perturb(query, hits) if self.perturb else hits, self.max_chars)
                 self._cache[query] = text
                 for i in rows:
                     results[i] = text
