@@ -159,6 +159,12 @@ class RolloutConfig:
                                                 "thread for a policy under 50M parameters, whose small decoding kernels "
                                                 "run faster alone than with threads to wake (docs/training.md), torch's "
                                                 "setting otherwise.", ge=1)
+    cuda_graphs: str = knob("auto", "engine=hf: the static decode path (fixed key/value buffers, one decode step over a "
+                                    "4-D mask) recorded as CUDA graphs and replayed (docs/engines.md). auto: on a GPU, "
+                                    "the dynamic path on the CPU (where the static one is slower) and with flash "
+                                    "attention; on: the static path everywhere (eager on the CPU); off: the dynamic "
+                                    "path (one eager forward per token over a shrinking batch).",
+                            choices=("auto", "on", "off"))
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the [vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
@@ -367,6 +373,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if value is None:
             raise ConfigError(f"{key}: expected a string, got null")
+        if isinstance(value, bool):  # YAML 1.1 reads on/off (and yes/no, true/false) as booleans
+            return "on" if value else "off"
         return str(value)
     return value
 

@@ -61,7 +61,8 @@ def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
 
-    return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model))
+    return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model),
+                    cuda_graphs=cfg.rollout.cuda_graphs)
 
 
 SMALL_POLICY = 50_000_000
