@@ -172,6 +172,10 @@ class RolloutConfig:
                                                     "(the trainer needs the rest; docs/gpu.md).", gt=0, le=1)
     vllm_max_model_len: int | None = knob(None, "engine=vllm: longest context vLLM serves; None = the model's own maximum.", ge=1)
     vllm_enforce_eager: bool = knob(False, "engine=vllm: no CUDA graphs / compilation (faster start, slower decoding).")
+    vllm_compilation_config: str | None = knob(None, "engine=vllm: vLLM's compilation_config, a YAML/JSON mapping passed "
+                                                     "through to vllm.LLM (docs/gpu.md), e.g. the fast start "
+                                                     "'{mode: 0, cudagraph_mode: FULL_DECODE_ONLY}': no inductor, CUDA "
+                                                     "graphs of whole decode steps; None: vLLM's default (compiles).")
     vllm_sleep: bool = knob(True, "engine=vllm: free vLLM's GPU memory (sleep level 2) while the trainer trains and wake it "
                                   "for the rollout; CUDA only, ignored on the CPU.")
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
@@ -437,9 +441,26 @@ def validate(cfg: Config) -> Config:
                           "(N = a GPU index, e.g. cuda:1)")
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
         raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
+    vllm_compilation_config(cfg.rollout)
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
         raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
     return cfg
+
+
+def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
+    """``rollout.vllm_compilation_config`` as the mapping vLLM takes (a command-line ``{...}`` arrives as
+    its Python spelling, which YAML also reads), or None."""
+    text = rollout.vllm_compilation_config
+    if text is None:
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"rollout.vllm_compilation_config={text!r} must be a mapping of vLLM's CompilationConfig "
+                          "fields, e.g. '{mode: 0, cudagraph_mode: FULL_DECODE_ONLY}'")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
