@@ -69,13 +69,14 @@ def main() -> None:
     print_speeds(runs)
 
 
-def print_speeds(runs: dict[str, list[float]]) -> None:
-    """The median decode tokens/s of each of two runs, then ``ratio first/second``."""
+def print_speeds(runs: dict[str, list[float]]) -> dict[str, float]:
+    """Print the median decode tokens/s of each of two runs, then ``ratio first/second``; returns the medians."""
     speed = {key: statistics.median(values) for key, values in runs.items()}
     for key, value in speed.items():
         print(f"{key:9s} {value:9.0f} decode tokens/s")
     first, second = speed
     print(f"ratio {first}/{second}: {speed[first] / speed[second]:.3f}")
+    return speed
 
 
 if __name__ == "__main__":
