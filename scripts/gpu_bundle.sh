@@ -52,7 +52,7 @@ torchvision tqdm transformers treescope triton typer typing-extensions typing-in
 werkzeug wheel wrapt xarray xxhash yarl zipp""".split()))
 # Not loaded for a dense bf16 model on Hopper through vllm.LLM (design note §1), or compiled CUDA extras:
 # left behind. Prefixes end with "-".
-LEFT = tuple(map(norm, """torch- triton tokenspeed- nvidia- cuda- flashinfer-python quack-kernels humming-kernels
+LEFT = tuple(map(norm, """torch- torchcodec triton tokenspeed- nvidia- cuda- flashinfer-python quack-kernels humming-kernels
 tilelang apache-tvm-ffi pynvvideocodec fastsafetensors z3-solver xgrammar llguidance outlines-core kernels nvtx
 anthropic mcp sentry-sdk supervisor opentelemetry- fastapi-cli fastapi-cloud-cli rignore fastar truststore
 cryptography cffi pycparser pyjwt model-hosting-container-standards""".split()))
@@ -100,16 +100,20 @@ ls -l .xfer | tail -n +2
 echo "bundle: $(ls "$WORK"/wheels | wc -l) wheels, $(du -sh .xfer | cut -f1) in .xfer/"
 
 if [ "${CHECK:-0}" = 1 ]; then
-    echo "== import check in a throwaway CPU venv (the image's packages, torch 2.13.0+cpu)"
+    # This machine's python3 and torch 2.13.0+cpu stand in for the image's Python 3.12 and torch 2.11.0+cu130: the
+    # carried and the image's packages at the same versions, built for this Python; vllm itself is the trimmed
+    # abi3 wheel of the bundle.
+    echo "== import check in a throwaway CPU venv ($(python3 -V), torch 2.13.0+cpu)"
     python3 -m venv "$WORK/venv"
     py="$WORK/venv/bin/python"
-    "$py" -m pip install -q torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
-    # the image's own versions where the device notes give them; torch 2.13.0+cpu stands in for 2.11.0+cu130
+    quiet() { "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+    quiet "$py" -m pip install -q torch==2.13.0
+    # the image's own versions where the device notes give them
     grep -v -i -E "^(torch|triton|torchvision|torchaudio|nvidia-|cuda-|transformers|huggingface.hub|tokenizers)=" \
         "$WORK/image.txt" >"$WORK/image-cpu.txt"
     printf '%s\n' transformers==5.17.0 huggingface_hub==1.33.0 tokenizers==0.23.2 >>"$WORK/image-cpu.txt"
-    "$py" -m pip install -q --no-deps -r "$WORK/image-cpu.txt" 2> >(grep -v "^WARNING: Location" >&2)
-    mkdir -p "$WORK/join" && cat .xfer/p? | tar -xf - -C "$WORK/join"
-    "$py" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WORK"/join/*.whl
-    PYTHONPATH="$WORK/site:$PWD" "$py" scripts/gpu_vllm_imports.py
+    grep -v "^vllm==" "$WORK/carry.txt" >>"$WORK/image-cpu.txt"
+    quiet "$py" -m pip install -q --no-deps -r "$WORK/image-cpu.txt"
+    quiet "$py" -m pip install -q --no-deps "$wheel"
+    PYTHONPATH="$PWD" "$py" scripts/gpu_vllm_imports.py
 fi
