@@ -164,6 +164,12 @@ class RolloutConfig:
                                                 "thread for a policy under 50M parameters, whose small decoding kernels "
                                                 "run faster alone than with threads to wake (docs/training.md), torch's "
                                                 "setting otherwise.", ge=1)
+    cuda_graphs: str = knob("auto", "engine=hf: the static decode path (fixed key/value buffers, one decode step over a "
+                                    "4-D mask) recorded as CUDA graphs and replayed (docs/engines.md). auto: on a GPU, "
+                                    "the dynamic path on the CPU (where the static one is slower) and with flash "
+                                    "attention; on: the static path everywhere (eager on the CPU); off: the dynamic "
+                                    "path (one eager forward per token over a shrinking batch).",
+                            choices=("auto", "on", "off"))
     engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the [vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
     engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
     engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
@@ -171,6 +177,10 @@ class RolloutConfig:
                                                     "(the trainer needs the rest; docs/gpu.md).", gt=0, le=1)
     vllm_max_model_len: int | None = knob(None, "engine=vllm: longest context vLLM serves; None = the model's own maximum.", ge=1)
     vllm_enforce_eager: bool = knob(False, "engine=vllm: no CUDA graphs / compilation (faster start, slower decoding).")
+    vllm_compilation_config: str | None = knob(None, "engine=vllm: vLLM's compilation_config, a YAML/JSON mapping passed "
+                                                     "through to vllm.LLM (docs/gpu.md), e.g. the fast start "
+                                                     "'{mode: 0, cudagraph_mode: FULL_DECODE_ONLY}': no inductor, CUDA "
+                                                     "graphs of whole decode steps; None: vLLM's default (compiles).")
     vllm_sleep: bool = knob(True, "engine=vllm: free vLLM's GPU memory (sleep level 2) while the trainer trains and wake it "
                                   "for the rollout; CUDA only, ignored on the CPU.")
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
@@ -425,6 +435,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if value is None:
             raise ConfigError(f"{key}: expected a string, got null")
+        if isinstance(value, bool):  # YAML 1.1 reads on/off (and yes/no, true/false) as booleans
+            return "on" if value else "off"
         return str(value)
     return value
 
@@ -490,9 +502,26 @@ def validate(cfg: Config) -> Config:
     if cfg.task.min_hops > cfg.task.max_hops:
         raise ConfigError(f"task.min_hops={cfg.task.min_hops} must be <= task.max_hops={cfg.task.max_hops}: "
                           f"raise task.max_hops or lower task.min_hops")
+    vllm_compilation_config(cfg.rollout)
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
         raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
     return cfg
+
+
+def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
+    """``rollout.vllm_compilation_config`` as the mapping vLLM takes (a command-line ``{...}`` arrives as
+    its Python spelling, which YAML also reads), or None."""
+    text = rollout.vllm_compilation_config
+    if text is None:
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"rollout.vllm_compilation_config={text!r} must be a mapping of vLLM's CompilationConfig "
+                          "fields, e.g. '{mode: 0, cudagraph_mode: FULL_DECODE_ONLY}'")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

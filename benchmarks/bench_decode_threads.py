@@ -66,10 +66,17 @@ def main() -> None:
     for _ in range(args.repeats):
         runs["1-thread"].append(tokens_per_s(model, tokenizer, prompts, args.new_tokens, 1))
         runs["torch"].append(tokens_per_s(model, tokenizer, prompts, args.new_tokens, None))
+    print_speeds(runs)
+
+
+def print_speeds(runs: dict[str, list[float]]) -> dict[str, float]:
+    """Print the median decode tokens/s of each of two runs, then ``ratio first/second``; returns the medians."""
     speed = {key: statistics.median(values) for key, values in runs.items()}
     for key, value in speed.items():
         print(f"{key:9s} {value:9.0f} decode tokens/s")
-    print(f"ratio 1-thread/torch: {speed['1-thread'] / speed['torch']:.3f}")
+    first, second = speed
+    print(f"ratio {first}/{second}: {speed[first] / speed[second]:.3f}")
+    return speed
 
 
 if __name__ == "__main__":

@@ -12,14 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/aepo-gpu-check}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/aepo-site \
-        .whl/*.whl || { echo "gpu_check: installing .whl/ failed" | tee "$OUT/gpu.txt"; exit 1; }
-    export PYTHONPATH="/tmp/aepo-site:$PWD"
-else
-    export PYTHONPATH="$PWD"
-fi
+source scripts/gpu_env.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
   git log -1 --format='commit %h %s' 2>/dev/null; } 2>&1 | tee "$OUT/gpu.txt"

@@ -106,3 +106,34 @@ def test_the_example_configs_load_and_set_what_they_say():
         load_config(yaml_path=path)  # an unknown key or a bad value raises ConfigError naming it
     cfg = load_config(yaml_path=Path(__file__).parent.parent / "examples" / "smollm2" / "aepo.yaml")
     assert (cfg.model.path, cfg.rollout.tool_format, cfg.sft.epochs) == ("smollm2", "xml", 2)
+
+
+def test_vllm_compilation_config_is_a_mapping_passed_to_vllm(tiny_model, tiny_tokenizer, monkeypatch):
+    """The command-line spelling reaches ``vllm.LLM(compilation_config=...)`` as a dict (a stand-in vllm here)."""
+    import types
+
+    from aepo_rl.config import vllm_compilation_config
+    from aepo_rl.engines import build_engine
+    from aepo_rl.engines import vllm as vllm_engine
+
+    cfg = load_config(overrides=["rollout.engine=vllm", "rollout.entropy_measure=surprisal",
+                                 "rollout.vllm_compilation_config={mode: 0, cudagraph_mode: FULL_DECODE_ONLY, "
+                                 "cudagraph_capture_sizes: [1, 2, 4]}"])
+    expected = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}
+    assert vllm_compilation_config(cfg.rollout) == expected
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(get_vocab_size=lambda: 7))
+
+    monkeypatch.setattr(vllm_engine, "import_vllm", lambda: types.SimpleNamespace(LLM=LLM))
+    build_engine(cfg, tiny_model, tiny_tokenizer)
+    assert seen["compilation_config"] == expected
+    seen.clear()
+    build_engine(load_config(overrides=["rollout.engine=vllm", "rollout.entropy_measure=surprisal"]), tiny_model,
+                 tiny_tokenizer)
+    assert seen and "compilation_config" not in seen  # vLLM's default
+    with pytest.raises(ConfigError, match="rollout.vllm_compilation_config='FULL' must be a mapping"):
+        load_config(overrides=["rollout.vllm_compilation_config=FULL"])

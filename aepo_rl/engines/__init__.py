@@ -61,7 +61,8 @@ def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
 
-    return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model))
+    return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model),
+                    cuda_graphs=cfg.rollout.cuda_graphs)
 
 
 SMALL_POLICY = 50_000_000
@@ -101,6 +102,7 @@ def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
     import tempfile
     import weakref
 
+    from aepo_rl.config import vllm_compilation_config
     from aepo_rl.engines.stops import eos_token_ids
     from aepo_rl.engines.vllm import VLLMEngine, import_vllm
     from aepo_rl.models import save_policy
@@ -114,6 +116,7 @@ def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
         engine = VLLMEngine(str(model_dir), tokenizer, gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
                             max_model_len=rollout.vllm_max_model_len, dtype=dtype, sleep=rollout.vllm_sleep,
                             enforce_eager=rollout.vllm_enforce_eager, seed=rollout.seed,
+                            compilation_config=vllm_compilation_config(rollout),
                             eos_ids=eos_token_ids(tokenizer, model))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -4,7 +4,9 @@ One ``generate`` call does
 1. a prefill forward over the batch's pending tokens (prompts, the last generated token, tool
    results), each distinct pending context once, on top of the cached keys/values;
 2. a decode loop: one forward per step over the still-active rows; finished rows leave the
-   batch (their keys/values are copied out and the batch is compacted).
+   batch (their keys/values are copied out and the batch is compacted). With
+   ``cuda_graphs`` resolved to the static path (:mod:`aepo_rl.engines.static`) the step runs over
+   fixed buffers instead, recorded as a CUDA graph on a GPU; the loop around it is the same.
 Per generated token it records log π and the full entropy of the untempered distribution and
 the release's top-10 proxy (§1.2). The engine shares the policy's model object with the trainer.
 """
@@ -23,6 +25,7 @@ from aepo_rl.engines.kv import BatchCache, Context
 from aepo_rl.engines.sampling import (check_request, processed_logits, release_top10_proxy, sample_tokens,
                                       token_statistics)
 from aepo_rl.engines.sequences import SequenceTable
+from aepo_rl.engines.static import StaticDecoder, decode_path
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
 
 
@@ -44,9 +47,10 @@ class _Row:
 class HFEngine:
     """A :class:`~aepo_rl.engines.base.GenerationEngine` over a transformers causal LM."""
 
-    def __init__(self, model, tokenizer, seed: int = 0, cpu_threads: int | None = None):
+    def __init__(self, model, tokenizer, seed: int = 0, cpu_threads: int | None = None, cuda_graphs: str = "auto"):
         """``cpu_threads``: torch's thread count while ``generate`` runs on the CPU (restored after);
-        None leaves torch's setting. Ignored on other devices."""
+        None leaves torch's setting. Ignored on other devices. ``cuda_graphs`` (auto, on, off): the
+        static decode path, captured as CUDA graphs on a GPU (:func:`aepo_rl.engines.static.decode_path`)."""
         text_config = model.config.get_text_config()
         layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(text_config, "use_sliding_window", False):
@@ -64,6 +68,9 @@ class HFEngine:
         parameters = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in parameters
+        path = decode_path(cuda_graphs, self.device, model.config._attn_implementation)
+        self.static = StaticDecoder(model, self._cache_kwarg, path.capture, path.strict) if path.static else None
+        """The static decode path's buffers and recorded steps (None: the dynamic path)."""
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._sequences: SequenceTable[_Sequence] = SequenceTable("HFEngine")
         self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
@@ -180,7 +187,10 @@ class HFEngine:
     def _decode(self, sequences: list[_Sequence], rows: list[_Row], params: SamplingParams,
                 segments: list[Segment]) -> None:
         max_budget = max(r.budget for r in rows)
-        cache, mask, lengths, logits, column = self._prefill(sequences, max_budget - 1)
+        static = self.static is not None
+        cache, mask, lengths, logits, column = self._prefill(sequences, 0 if static else max_budget - 1)
+        batch = (self.static.batch(cache, mask, lengths, column, column + max_budget - 1) if static
+                 else _DynamicBatch(self, cache, mask, lengths, column))
         stops = self._stop_matcher(tuple(params.stop))
         budgets = torch.tensor([r.budget for r in rows], device=self.device)
         slots = torch.arange(len(rows), device=self.device)
@@ -217,20 +227,17 @@ class HFEngine:
                     finish[i] = (_finish_reason(token_list[b], stops, tail_stops.get(b), params.ignore_eos)
                                  if step + 1 >= params.min_tokens else ("length", None))
                     n_generated[i] = step + 1
-                    sequences[i].context = Context(cache.extract_row(b, mask[b, :column].nonzero().squeeze(-1)),
-                                                   int(lengths[b]), [token_list[b]], pending_generated=1)
+                    kv, n_cached = batch.row_state(b)
+                    sequences[i].context = Context(kv, n_cached, [token_list[b]], pending_generated=1)
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
-                mask, lengths, slots, tokens = mask[keep], lengths[keep], slots[keep], tokens[keep]
+                batch.keep(keep)
+                slots, tokens = slots[keep], tokens[keep]
                 if seen is not None:
                     seen = seen[keep]
                 active = [active[b] for b in keep.tolist()]
-            mask[:, column] = True
-            logits = self._forward(tokens[:, None], mask[:, :column + 1], lengths[:, None], cache, last_only=False)
-            lengths += 1
-            column += 1
+            logits = batch.step(tokens)
             self.counters["decode_steps"] += 1
         self._write_segments(sequences, rows, out_tokens, out_stats, n_generated, finish, segments)
 
@@ -252,6 +259,31 @@ class HFEngine:
             segments[row.slot] = Segment(tokens, list(logprob), list(entropy), list(top10), reason, stop_string)
             sequences[i].token_ids.extend(tokens)
             self.counters["decode_tokens"] += n
+
+
+class _DynamicBatch:
+    """The dynamic path's decode state: the batch shrinks as rows finish, the key/value views grow a
+    column per step, one eager forward per step."""
+
+    def __init__(self, engine: HFEngine, cache: BatchCache, mask: torch.Tensor, lengths: torch.Tensor, column: int):
+        self.engine, self.cache, self.mask, self.lengths, self.column = engine, cache, mask, lengths, column
+
+    def row_state(self, row: int) -> tuple[list, int]:
+        """A finished row's keys/values (its real columns, compact) and cached-token count."""
+        columns = self.mask[row, :self.column].nonzero().squeeze(-1)
+        return self.cache.extract_row(row, columns), int(self.lengths[row])
+
+    def keep(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.lengths = self.mask[keep], self.lengths[keep]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask[:, self.column] = True
+        logits = self.engine._forward(tokens[:, None], self.mask[:, :self.column + 1], self.lengths[:, None],
+                                      self.cache, last_only=False)
+        self.lengths += 1
+        self.column += 1
+        return logits
 
 
 def _tail_stops(stops: StopMatcher, tokens: torch.Tensor, out_tokens: torch.Tensor, active: list[int],

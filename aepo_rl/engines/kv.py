@@ -10,6 +10,8 @@ During ``generate`` the rows are laid out in one :class:`BatchCache` whose layer
 buffers sized for the whole call (no ``torch.cat`` per step). Rows are right-aligned at a common
 column: [left padding | cached tokens | holes | pending tokens | decoded tokens]; a 2-D
 attention mask marks the real columns and explicit position ids keep each row's positions.
+The static decode path (:mod:`aepo_rl.engines.static`) copies that batch into fixed buffers whose
+layers are :class:`ColumnLayer` views.
 """
 
 from __future__ import annotations
@@ -93,6 +95,26 @@ class BufferLayer(DynamicLayer):
     def row(self, row: int, columns: torch.Tensor) -> LayerKV:
         """A compact copy of one row's keys/values at the given columns."""
         return self.buffer_keys[row][:, columns], self.buffer_values[row][:, columns]
+
+
+class ColumnLayer(DynamicLayer):
+    """One layer's keys/values as fixed views of the static decode buffers: each step writes its token's
+    keys/values at the column held in a device tensor and attends over the whole view (a 4-D mask
+    hides the columns not in use), so no shape or address changes from step to step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, column: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.column = keys, values, column
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> LayerKV:
+        self.keys.index_copy_(2, self.column, key_states)
+        self.values.index_copy_(2, self.column, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
 
 
 class BatchCache(Cache):

@@ -85,7 +85,11 @@ class VLLMEngine(TokenLists):
 
     def __init__(self, model_dir: str, tokenizer, *, gpu_memory_utilization: float = 0.35,
                  max_model_len: int | None = None, top_logprobs: int = 20, dtype: str = "auto",
-                 sleep: bool = True, enforce_eager: bool = False, seed: int = 0, eos_ids: list[int] | None = None):
+                 sleep: bool = True, enforce_eager: bool = False, seed: int = 0, eos_ids: list[int] | None = None,
+                 compilation_config: dict | None = None):
+        """``compilation_config``: vLLM's own (``vllm.config.CompilationConfig`` fields), passed through; e.g.
+        ``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}`` starts without inductor and still replays whole
+        decode steps as CUDA graphs (docs/gpu.md)."""
         if not 10 <= top_logprobs <= 20:
             raise ValueError(f"VLLMEngine: top_logprobs must be in [10, 20] (the top-10 proxy needs 10), got {top_logprobs}")
         vllm = import_vllm()
@@ -100,6 +104,8 @@ class VLLMEngine(TokenLists):
                       logprobs_mode="raw_logprobs", enforce_eager=enforce_eager)
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if compilation_config is not None:
+            kwargs["compilation_config"] = compilation_config
         self.llm = vllm.LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.eos_ids = sorted(set(eos_ids or [tokenizer.eos_token_id]) - {None})

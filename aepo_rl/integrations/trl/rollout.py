@@ -108,7 +108,8 @@ class TreeRolloutFunc:
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
-            engine = HFEngine(model, trainer._tokenizer, seed=cfg.seed, cpu_threads=cpu_decode_threads(cfg, model))
+            engine = HFEngine(model, trainer._tokenizer, seed=cfg.seed, cpu_threads=cpu_decode_threads(cfg, model),
+                              cuda_graphs=cfg.cuda_graphs)
             result = run_rollout(engine, [(f"p{process}-{b}", prompt) for b, prompt in enumerate(ids)], self.tools,
                                  cfg, state=self.state)
         self.last_result = result
