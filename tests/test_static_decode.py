@@ -214,7 +214,7 @@ def test_decode_path_resolution():
         resolved = decode_path(*args)
         return resolved.static, resolved.capture, resolved.strict
 
-    assert path("auto", cpu, "sdpa") == (False, False, False)  # slower on the CPU: docs/benchmarks.md
+    assert path("auto", cpu, "sdpa") == (False, False, False)  # not bitwise the same: docs/benchmarks.md
     assert path("auto", cuda, "sdpa") == (True, True, False)
     assert path("auto", cuda, "flash_attention_2") == (False, False, False)
     assert path("on", cpu, "eager") == (True, False, True)
