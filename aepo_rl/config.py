@@ -166,7 +166,8 @@ class RolloutConfig:
                                                 "setting otherwise.", ge=1)
     cuda_graphs: str = knob("auto", "engine=hf: the static decode path (fixed key/value buffers, one decode step over a "
                                     "4-D mask) recorded as CUDA graphs and replayed (docs/engines.md). auto: on a GPU, "
-                                    "the dynamic path on the CPU (where the static one is slower) and with flash "
+                                    "the dynamic path on the CPU (the static one is as fast there but not bitwise "
+                                    "the same) and with flash "
                                     "attention; on: the static path everywhere (eager on the CPU); off: the dynamic "
                                     "path (one eager forward per token over a shrinking batch).",
                             choices=("auto", "on", "off"))

@@ -1,9 +1,10 @@
 """The HF engine's static decode path against its dynamic path, side by side in one run.
 
 The static path (``rollout.cuda_graphs``, :mod:`aepo_rl.engines.static`) decodes over fixed
-buffers: dead rows stay in the batch and attention reads every column of a 256-column bucket. On a
-GPU it replays a CUDA graph per step; on the CPU it runs the same step eagerly, and this measures
-what the fixed shapes cost there. Each round gives both engines the same fresh prompts (the tiny
+buffers: dead rows stay in the batch until half are dead. On a GPU it replays a CUDA graph per step
+whose attention reads every column of a 256-column bucket; on the CPU it runs the step eagerly over
+the live columns only, and this measures what the dead rows and the buffers cost there against the
+dynamic path's shrinking batch. Each round gives both engines the same fresh prompts (the tiny
 default model's shape, random weights) and ragged budgets (rows finish at different steps, as in a
 rollout), then appends a tool result to every row and decodes a second round, EOS ignored so both
 decode the same tokens. Engines are kept across rounds (the static one reuses its buffers).

@@ -44,14 +44,36 @@ def script(engine: HFEngine, tok, params: SamplingParams):
     return rec, segments
 
 
+def bucket_shapes(engine: HFEngine) -> HFEngine:
+    """Run the eager static step over the whole column bucket, as a captured step does on CUDA."""
+    engine.static.live_width = False
+    return engine
+
+
+def step_widths(model) -> tuple[list[int], object]:
+    """Record the key/value columns of every static decode step (the ones given a 4-D mask); returns the
+    list and the hook's handle."""
+    widths = []
+
+    def record(module, args, kwargs):
+        if kwargs["attention_mask"].dim() == 4:
+            widths.append(kwargs["attention_mask"].shape[-1])
+
+    return widths, model.register_forward_pre_hook(record, with_kwargs=True)
+
+
+@pytest.mark.parametrize("shapes", ["live", "bucket"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_p=0.95),
                                     SamplingParams(greedy=True, stop=("</search>", "Velmora")),
                                     SamplingParams(min_tokens=3, repetition_penalty=1.3, top_k=40)],
                          ids=["sampled", "greedy-stops", "min-tokens-penalty"])
-def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untied_model, tiny_tokenizer, params):
+def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untied_model, tiny_tokenizer, params, shapes):
+    """Both column shapes of the step: the live width (eager on the CPU) and the whole bucket (captured)."""
     dynamic = HFEngine(untied_model, tiny_tokenizer, seed=3, cuda_graphs="off")
     static = HFEngine(untied_model, tiny_tokenizer, seed=3, cuda_graphs="on")
-    assert dynamic.static is None and static.static is not None
+    assert dynamic.static is None and static.static is not None and static.static.live_width
+    if shapes == "bucket":
+        bucket_shapes(static)
     _, expected = script(dynamic, tiny_tokenizer, params)
     rec, got = script(static, tiny_tokenizer, params)
     assert sum(len(s.token_ids) for s in got) > 80
@@ -65,6 +87,9 @@ def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untie
         assert static.token_ids(seq) == dynamic.token_ids(seq)
         assert rec.max_error(untied_model, seq) < 1e-4
     steps = set(static.static._steps)
+    if shapes == "live":
+        assert not steps  # nothing kept: the width changes every step
+        return
     assert {rows for rows, _ in steps} >= {8, 4, 1} and {cols for _, cols in steps} >= {COLUMN_BUCKET, 2 * COLUMN_BUCKET}
 
 
@@ -79,6 +104,27 @@ def test_dead_rows_stay_in_the_batch_until_half_are_dead(tiny_model, tiny_tokeni
         hook.remove()
     # prefill (eager); 8 rows; 7 live and 1 dead row: still 8; 3 live: compacted to 4 rows (1 padding row)
     assert [tuple(s) for s in batch_sizes] == [(8, 3), (8, 1), (8, 1), (4, 1), (4, 1), (4, 1)]
+
+
+def test_eager_steps_attend_over_the_live_columns_only(tiny_model, tiny_tokenizer):
+    """On the CPU the step reads the columns in use (a growing width), not the whole bucket: the masked
+    columns would cost as much as real ones (docs/benchmarks.md)."""
+    widths, hook = step_widths(tiny_model)
+    try:
+        engine = HFEngine(tiny_model, tiny_tokenizer, cuda_graphs="on")
+        seqs = [engine.add_sequence([5 + i, 6, 7]) for i in range(3)]
+        engine.generate(seqs, SamplingParams(ignore_eos=True), [2, 5, 4])
+        engine.append(seqs[0], [8, 9])
+        engine.generate(seqs, SamplingParams(ignore_eos=True), [3, 1, 2])
+        live = list(widths)
+        widths.clear()
+        bucket_shapes(engine).generate(seqs, SamplingParams(ignore_eos=True), [2, 2, 2])
+    finally:
+        hook.remove()
+    # call 1: 3 prompt columns, then 4 steps; call 2: the longest row's 7 cached columns and 3 pending ones
+    # (a generated token and the 2 appended ones), then 2 steps
+    assert live == [4, 5, 6, 7] + [11, 12]
+    assert widths == [COLUMN_BUCKET]  # the captured shape, run eagerly
 
 
 def test_tree_rollout_is_the_same_on_both_paths(tiny_model, tiny_tokenizer):
@@ -108,7 +154,7 @@ def test_capture_safety_proxy_the_step_compiles_as_one_graph(tiny_model, tiny_to
     """What a CUDA graph forbids inside the step (a host sync such as ``.item()``, a branch on a tensor's
     value, a shape that changes) breaks a ``fullgraph`` trace too: the step traces whole and gives the
     same logits."""
-    engine = HFEngine(tiny_model, tiny_tokenizer, cuda_graphs="on")
+    engine = bucket_shapes(HFEngine(tiny_model, tiny_tokenizer, cuda_graphs="on"))
     step, rows = _prepared_step(engine, tiny_tokenizer)
     logits = engine.static._buffers.logits
     with torch.inference_mode():
@@ -121,7 +167,7 @@ def test_capture_safety_proxy_the_step_compiles_as_one_graph(tiny_model, tiny_to
 
 def test_capture_safety_proxy_catches_a_host_sync(tiny_model, tiny_tokenizer):
     """The proxy can fail: the same step with a ``.item()`` on the column does not trace."""
-    engine = HFEngine(tiny_model, tiny_tokenizer, cuda_graphs="on")
+    engine = bucket_shapes(HFEngine(tiny_model, tiny_tokenizer, cuda_graphs="on"))
     step, _ = _prepared_step(engine, tiny_tokenizer)
     column = engine.static._buffers.column
 
@@ -138,7 +184,7 @@ def test_replaced_parameters_drop_the_steps_in_place_updates_keep_them(tiny_toke
     from conftest import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, seed=4)
-    engine = HFEngine(model, tiny_tokenizer, seed=0, cuda_graphs="on")
+    engine = bucket_shapes(HFEngine(model, tiny_tokenizer, seed=0, cuda_graphs="on"))
     prompt = encode(tiny_tokenizer, "<think>I need")
 
     def greedy(mode):
@@ -168,7 +214,7 @@ def test_decode_path_resolution():
         resolved = decode_path(*args)
         return resolved.static, resolved.capture, resolved.strict
 
-    assert path("auto", cpu, "sdpa") == (False, False, False)  # slower on the CPU: docs/benchmarks.md
+    assert path("auto", cpu, "sdpa") == (False, False, False)  # not bitwise the same: docs/benchmarks.md
     assert path("auto", cuda, "sdpa") == (True, True, False)
     assert path("auto", cuda, "flash_attention_2") == (False, False, False)
     assert path("on", cpu, "eager") == (True, False, True)

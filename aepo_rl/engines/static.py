@@ -15,7 +15,9 @@ every tensor the step touches at a fixed address and shape:
 - shapes come in buckets: rows a power of two, columns a multiple of :data:`COLUMN_BUCKET`.
 
 On CUDA the step of each (rows, columns) bucket is captured once with ``torch.cuda.CUDAGraph``
-and replayed; elsewhere the same step runs eagerly. Prefill, the per-token statistics, sampling
+and replayed; elsewhere the same step runs eagerly over the live columns only (``column + 1``, a
+width that grows by one per step: no graph needs a fixed shape there, and on the CPU the masked
+columns of a bucket cost as much attention as real ones). Prefill, the per-token statistics, sampling
 and stop checks stay outside the step, shared with the dynamic path, which keeps the tokens,
 log-probs and entropies the same (tests/test_static_decode.py). Graphs and buffers are dropped
 when the model's parameters or buffers are replaced (their storage addresses change); in-place
@@ -65,8 +67,9 @@ def decode_path(setting: str, device: torch.device, attention: str) -> DecodePat
     """``rollout.cuda_graphs`` resolved for a model on ``device`` with attention implementation ``attention``.
 
     auto: on CUDA the static step captured as graphs; on the CPU the dynamic path (the static
-    path runs every dead row and masked column, slower there: docs/benchmarks.md); with an
-    attention implementation that does not take a 4-D mask (flash), the dynamic path.
+    path is as fast there, but its log-probs differ in the last bits, and every CPU run in
+    docs/results.md decoded on the dynamic path: docs/benchmarks.md); with an attention implementation
+    that does not take a 4-D mask (flash), the dynamic path.
     on: the static path (graphs on CUDA, eager elsewhere); off: the dynamic path.
     """
     if setting not in CUDA_GRAPH_SETTINGS:
@@ -95,6 +98,9 @@ class StaticDecoder:
         self.capture = capture
         self.strict = strict
         self.bool_mask = model.config._attn_implementation == "sdpa"
+        self.live_width = not capture
+        """Eager steps attend over the live columns only (``column + 1``, no graph needs a fixed shape; on the
+        CPU the masked columns of the bucket cost as much as real ones); captured steps over the whole bucket."""
         self.graphs_captured = 0
         """How many steps were captured as CUDA graphs over this decoder's life (0 on the CPU)."""
         self._fingerprint = None
@@ -126,7 +132,10 @@ class StaticDecoder:
         return StaticBatch(self, buffers, cache, mask, lengths, column, rows, columns)
 
     def step(self, rows: int, columns: int):
-        """The step of a (rows, columns) bucket: a CUDA graph's ``replay`` or the eager function."""
+        """The step over the first ``rows`` rows and ``columns`` columns: a CUDA graph's ``replay`` or the
+        eager function (kept per bucket unless :attr:`live_width`, where the columns change every step)."""
+        if self.live_width:
+            return self._eager_step(rows, columns)
         key = (rows, columns)
         if key not in self._steps:
             run = self._eager_step(rows, columns)
@@ -245,9 +254,11 @@ class StaticBatch:
         self._live = self._live[keep]
         n = len(self.live)
         if row_bucket(n) < self.rows and self.live != list(range(n)):
-            b = self.buffers
-            for tensor in (*b.keys, *b.values, b.mask, b.positions):
-                tensor[:n] = tensor[self._live]
+            b, used = self.buffers, self.column  # columns past the used ones are masked in every row
+            for tensor in (*b.keys, *b.values):
+                tensor[:n, :, :used] = tensor[self._live, :, :used]
+            b.mask[:n, ..., :used] = b.mask[self._live, ..., :used]
+            b.positions[:n] = b.positions[self._live]
             self.live = list(range(n))
             self._live = torch.arange(n, device=self._live.device)
         self.rows = max(row_bucket(n), 1)
@@ -258,7 +269,7 @@ class StaticBatch:
         b.input_ids.index_copy_(0, self._live, tokens[:, None])
         b.mask[:self.rows, 0, 0, self.column] = True  # every row (dead and padding ones too) sees its own new column
         b.column.fill_(self.column)
-        self.decoder.step(self.rows, self.columns)()
+        self.decoder.step(self.rows, self.column + 1 if self.decoder.live_width else self.columns)()
         b.positions[:self.rows] += 1
         self.column += 1
         return b.logits[self._live]
