@@ -19,6 +19,7 @@ evaluations, ``trainer.steps``), with each side's estimate: ``ratio avx2/default
 Children run with the job's thread settings (torch's default, ``rollout.cpu_decode_threads``).
 
     python benchmarks/bench_avx2.py [--rounds 3] [--warmup-steps 30] [--sft-steps 8] [--eval-questions 16] [--rl-steps 2]
+                                    [--threads N] [--phases warmup,sft,eval,rl]
 """
 
 from __future__ import annotations
@@ -107,9 +108,11 @@ def child(phase: str, cache_dir: str, model_dir: str, count: int) -> dict:
     raise ValueError(f"unknown phase {phase!r}: one of {PHASES}")
 
 
-def run_child(capability: str, phase: str, cache_dir: str, model_dir: str, count: int) -> dict:
+def run_child(capability: str, phase: str, cache_dir: str, model_dir: str, count: int, threads: int | None) -> dict:
     env = dict(os.environ)
     env.pop("ATEN_CPU_CAPABILITY", None)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     if capability != "default":
         env["ATEN_CPU_CAPABILITY"] = capability
     out = subprocess.run([sys.executable, __file__, "--child", phase, "--cache", cache_dir, "--model-dir", model_dir,
@@ -141,6 +144,8 @@ def main() -> None:
     parser.add_argument("--eval-questions", type=int, default=16)
     parser.add_argument("--rl-steps", type=int, default=2)
     parser.add_argument("--prepare-epochs", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the children (default: as set here, the job's "
+                        "setting); 1 on a machine shared with other jobs, where waiting for a second thread swamps the kernels")
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of " + ",".join(PHASES))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -152,17 +157,22 @@ def main() -> None:
         return
     counts = {"warmup": args.warmup_steps, "sft": args.sft_steps, "eval": args.eval_questions, "rl": args.rl_steps}
     phases = [p for p in args.phases.split(",") if p]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench_avx2-") as cache_dir:
         model_dir = prepare(cache_dir, args.prepare_epochs)
         units = job_units(cache_dir)
         print(f"slices: {', '.join(f'{p} {counts[p]}' for p in phases)}; rounds {args.rounds}; "
-              f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; job units {units}")
+              f"OMP_NUM_THREADS={args.threads or os.environ.get('OMP_NUM_THREADS', 'unset')}; job units {units}")
         times: dict[tuple[str, str], list[dict]] = {(c, p): [] for c in CAPABILITIES for p in phases}
         for round_index in range(args.rounds):
             order = CAPABILITIES if round_index % 2 == 0 else CAPABILITIES[::-1]
             for phase in phases:
                 for capability in order:
-                    times[capability, phase].append(run_child(capability, phase, cache_dir, model_dir, counts[phase]))
+                    times[capability, phase].append(run_child(capability, phase, cache_dir, model_dir, counts[phase],
+                                                              args.threads))
                 a, d = times["avx2", phase][-1]["seconds"], times["default", phase][-1]["seconds"]
                 print(f"round {round_index + 1} {phase:6s}: avx2 {a:7.2f} s | default {d:7.2f} s | ratio {a / d:.2f}")
     whole = dict.fromkeys(CAPABILITIES, 0.0)
