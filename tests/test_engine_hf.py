@@ -183,6 +183,24 @@ def test_eos_and_per_sequence_budget(untied_model, tiny_tokenizer):
     assert engine.stats()["decode_tokens"] == first + 1 + 2
 
 
+def test_a_row_ending_long_before_the_budget_keeps_its_statistics(untied_model, tiny_tokenizer):
+    """Only the generated columns of the call's budget-wide buffers are read back; a row that stops
+    early gets the same tokens, log-probs and entropies as with a budget that ends where it stopped."""
+    prompt = encode(tiny_tokenizer, "<think>")
+    free = _greedy(untied_model, tiny_tokenizer, prompt, 10).token_ids
+    saved = untied_model.generation_config.eos_token_id
+    untied_model.generation_config.eos_token_id = [free[4]]
+    try:
+        engine = HFEngine(untied_model, tiny_tokenizer)
+    finally:
+        untied_model.generation_config.eos_token_id = saved
+    end = free.index(free[4]) + 1
+    long, exact = engine.generate([engine.add_sequence(prompt), engine.add_sequence(prompt)],
+                                  SamplingParams(greedy=True), [200, end])
+    assert long.finish_reason == "eos" and len(long.token_ids) == end
+    assert (long.token_ids, long.logprobs, long.entropies) == (exact.token_ids, exact.logprobs, exact.entropies)
+
+
 def test_prefill_counts_each_unique_context_token_once(tiny_model, tiny_tokenizer):
     tok = tiny_tokenizer
     engine = HFEngine(tiny_model, tok, seed=1)

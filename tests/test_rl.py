@@ -448,9 +448,9 @@ def test_tempered_logprobs_use_the_rollout_temperature_everywhere(tiny_tokenizer
     calls = {"old": [], "new": []}
     original_batched, original_response = rl_module.batched_logprobs, rl_module.response_logprobs
 
-    def batched(model, batch, rows, micro_batch_size, bf16, temperature=1.0):
+    def batched(model, batch, rows, micro_batch_size, bf16, temperature=1.0, **kwargs):
         calls["old"].append((len(rows), temperature))
-        return original_batched(model, batch, rows, micro_batch_size, bf16, temperature)
+        return original_batched(model, batch, rows, micro_batch_size, bf16, temperature, **kwargs)
 
     def response(model, batch, **kwargs):
         calls["new"].append(kwargs.get("temperature", 1.0))
@@ -470,6 +470,41 @@ def test_tempered_logprobs_use_the_rollout_temperature_everywhere(tiny_tokenizer
     # untempered: H_old is the engine's record, so the first mini-batch's own forward serves as π_old
     assert ref_rows == 4 and old_pass_rows == (4 if tempered else 2)
     assert ("rollout/logprob_abs_diff" in metrics) == (not tempered)
+
+
+def test_the_old_and_reference_passes_skip_the_entropies_they_would_discard(tiny_tokenizer, monkeypatch):
+    """With the HF engine, H_old is the engine's record and π_ref's entropy is never used: the no-grad
+    passes compute log-probs only (a full-vocabulary softmax less per token), and the step trains the
+    same weights, bit for bit, as when they computed the entropies too."""
+    cfg = load_config("aepo", overrides={**TINY_RL, "algorithm.use_kl_loss": True})
+    original_entropy, original_batched = algorithms.entropy_from_logits, rl_module.batched_logprobs
+
+    def step(always_entropy: bool) -> tuple[dict, list[int]]:
+        rows_with_entropy: list[int] = []
+
+        def entropy(logits, *args, **kwargs):
+            rows_with_entropy.append(logits.shape[0])
+            return original_entropy(logits, *args, **kwargs)
+
+        def batched(*args, **kwargs):
+            return original_batched(*args, **{**kwargs, "with_entropy": True} if always_entropy else kwargs)
+
+        monkeypatch.setattr(algorithms, "entropy_from_logits", entropy)
+        monkeypatch.setattr(rl_module, "batched_logprobs", batched)
+        model = build_tiny_model(tiny_tokenizer, seed=1)
+        trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+        groups, _ = trainer.generate()
+        rows_with_entropy.clear()
+        trainer.update(groups)
+        return {k: v.clone() for k, v in model.state_dict().items()}, rows_with_entropy
+
+    weights, rows = step(always_entropy=False)
+    reference_weights, reference_rows = step(always_entropy=True)
+    sequences = cfg.trainer.batch_size * cfg.rollout.n
+    assert sum(rows) == sequences * cfg.trainer.ppo_epochs  # the training forwards only
+    assert sum(reference_rows) > sum(rows)  # the old and reference passes' entropies, now skipped
+    assert weights.keys() == reference_weights.keys()
+    assert all(torch.equal(weights[k], reference_weights[k]) for k in weights)
 
 
 def test_recorded_values_must_cover_every_response_token():

@@ -250,7 +250,8 @@ class HFEngine:
         return seen
 
     def _write_segments(self, sequences, rows, out_tokens, out_stats, n_generated, finish, segments) -> None:
-        all_tokens, all_stats = out_tokens.tolist(), out_stats.tolist()
+        used = max(n_generated, default=0)  # Python lists of the generated columns only, not the whole budget's
+        all_tokens, all_stats = out_tokens[:, :used].tolist(), out_stats[:, :used].tolist()
         for i, row in enumerate(rows):
             n = n_generated[i]
             tokens = all_tokens[i][:n]

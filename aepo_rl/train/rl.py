@@ -162,8 +162,8 @@ def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id
                  shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]))
 
 
-def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0,
+                      with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(y_t | prefix) of the taken response tokens and the full-vocabulary entropy H_t, both [B, R],
     of the policy's logits divided by ``temperature`` (1: the untempered policy).
 
@@ -171,7 +171,8 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     (right padding, ``train/forward.py``); only positions from the shortest prompt on are
     projected onto the vocabulary, then each row's response positions are gathered. Log-softmax
     runs in float32; bf16 autocast runs on the batch's device type. ``entropy_grad`` keeps the
-    entropy in the graph (entropy bonus); otherwise it is detached.
+    entropy in the graph (entropy bonus); otherwise it is detached. ``with_entropy=False`` skips the
+    entropy (a softmax and a log-sum-exp over the whole vocabulary) and returns None for it.
     """
     first = int(batch.prompt_lengths.min()) - 1  # the position that predicts the earliest response token
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -184,6 +185,8 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     if temperature != 1:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, batch.responses[..., None]).squeeze(-1)
+    if not with_entropy:
+        return log_probs, None
     if entropy_grad:
         entropy = algorithms.entropy_from_logits(logits)
     else:
@@ -218,14 +221,18 @@ def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def batched_logprobs(model, batch: Batch, rows: torch.Tensor, micro_batch_size: int, bf16: bool,
-                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad log-probs and entropies of ``rows`` ([B, R] tensors, zero elsewhere), micro-batch by micro-batch."""
+                     temperature: float = 1.0, with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad log-probs and entropies of ``rows`` ([B, R] tensors, zero elsewhere), micro-batch by micro-batch;
+    ``with_entropy=False``: no entropies (None), for a caller that has them already or does not use them."""
     was_training = model.training
     model.eval()
-    log_probs, entropies = torch.zeros_like(batch.response_mask), torch.zeros_like(batch.response_mask)
+    log_probs = torch.zeros_like(batch.response_mask)
+    entropies = torch.zeros_like(batch.response_mask) if with_entropy else None
     for micro in torch.split(by_length(batch, rows), micro_batch_size) if len(rows) else ():
-        log_probs[micro], entropies[micro] = response_logprobs(model, batch.rows(micro), bf16=bf16,
-                                                               temperature=temperature)
+        log_probs[micro], entropy = response_logprobs(model, batch.rows(micro), bf16=bf16, temperature=temperature,
+                                                      with_entropy=with_entropy)
+        if with_entropy:
+            entropies[micro] = entropy
     model.train(was_training)
     return log_probs, entropies
 
@@ -573,13 +580,15 @@ class RLTrainer:
         if reuse_first:
             needs_old_pass[first_mini_batch] = False
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
-                                                      cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
-        if engine_has_old_entropy:
+                                                      cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature,
+                                                      with_entropy=not engine_has_old_entropy)
+        if engine_has_old_entropy:  # the pass skipped the entropies: the engine's record replaces them
             old_entropy = recorded(trajectories, "entropies", batch.response_mask)
         ref_log_probs = None
         if self.kl_on:
             ref_log_probs, _ = batched_logprobs(self.ref_model, batch, torch.arange(batch.num_rows, device=self.device),
-                                                cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature)
+                                                cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature,
+                                                with_entropy=False)
         return FixedTensors(old_log_probs, old_entropy, ref_log_probs=ref_log_probs), reuse_first
 
     def _rewards(self, batch: Batch, scores: torch.Tensor, fixed: FixedTensors
