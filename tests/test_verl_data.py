@@ -40,6 +40,28 @@ def test_verl_data_writes_the_synthetic_splits(synthetic_dir, capsys):
     assert {r["extra_info"]["reward"] for r in train + val} == {"deep_research"}
 
 
+def test_a_train_file_with_a_per_row_rollout_n_is_refused_for_aepo_tree(synthetic_dir, tmp_path):
+    """verl pops a row's ``__rollout_n__`` before the agent loop sees it (review L4): the plugin's start-up check
+    reads the local train files' schema and refuses the column, naming the file; verl-data never writes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from aepo_rl.integrations.verl.checks import refusals
+
+    train = str(synthetic_dir / "train.parquet")
+    config = {"data": {"train_files": [train]},
+              "actor_rollout_ref": {"rollout": {"agent": {"default_agent_loop": "aepo_tree"}}}}
+    assert "__rollout_n__" not in pq.read_schema(train).names and refusals(config) == []
+    table = pq.read_table(train)
+    bad = tmp_path / "train_n.parquet"
+    pq.write_table(table.append_column("__rollout_n__", pa.array([4] * table.num_rows)), bad)
+    config["data"]["train_files"] = str(bad)
+    (problem,) = refusals(config)
+    assert problem.startswith(f"data.train_files: {bad} has a __rollout_n__ column") and "Drop the column" in problem
+    config["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "tool_agent"
+    assert refusals(config) == []  # not the plugin's loops: verl's own business
+
+
 def test_verl_data_prints_the_task_overrides_the_agent_loop_needs(tmp_path, capsys):
     assert main(["verl-data", "--out", str(tmp_path), *SMALL]) == 0
     out = capsys.readouterr().out

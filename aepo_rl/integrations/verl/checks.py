@@ -14,6 +14,7 @@ from aepo_rl.config import ConfigError
 LOSS_MODES = ("aepo", "gppo")
 AGENT_LOOPS = ("aepo_tree", "aepo_chain")
 ROLLOUT = "actor_rollout_ref.rollout"
+ROLLOUT_N_COLUMN = "__rollout_n__"
 
 
 def _get(config, dotted: str, default=None):
@@ -34,6 +35,23 @@ def uses_aepo_loops(config) -> bool:
     name their loop in ``agent_name``, which the driver does not see)."""
     return (_get(config, f"{ROLLOUT}.agent.default_agent_loop") in AGENT_LOOPS
             or _get(config, f"{ROLLOUT}.custom.aepo") is not None)
+
+
+def files_with_rollout_n(config) -> list[str]:
+    """The local parquet files of ``data.train_files`` with a per-row ``__rollout_n__`` column (review L4); remote
+    or missing paths are left to verl's own loader."""
+    from pathlib import Path
+
+    files = _get(config, "data.train_files") or []
+    files = [files] if isinstance(files, str) else list(files)
+    found = []
+    for path in files:
+        if str(path).endswith(".parquet") and Path(path).is_file():
+            import pyarrow.parquet as pq
+
+            if ROLLOUT_N_COLUMN in pq.read_schema(path).names:
+                found.append(str(path))
+    return found
 
 
 def refusals(config) -> list[str]:
@@ -59,6 +77,11 @@ def refusals(config) -> list[str]:
         problems.append(f"{ROLLOUT}.full_determinism=true: verl then forwards the caller's request id, so all the "
                         "concurrent branches of a tree share one id (SGLang refuses duplicates) and the tree's thread "
                         "timing makes the run non-deterministic anyway; set it to false")
+    if loops:
+        problems += [f"data.train_files: {path} has a {ROLLOUT_N_COLUMN} column: verl reads it as that row's number "
+                     "of sessions, which aepo_tree never sees (verl pops it first); the tree grows rollout.n leaves, "
+                     "so extra sessions fail and missing ones leave leaves unclaimed and the group biased. Drop the "
+                     f"column (aepo verl-data never writes it)" for path in files_with_rollout_n(config)]
     if loss and _get(config, "distillation.enabled", False):
         problems.append("distillation.enabled=true with actor.policy_loss.loss_mode=aepo/gppo: verl's distillation "
                         "loss calls the policy loss without the entropies and with its own config; not supported")
