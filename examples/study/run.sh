@@ -36,6 +36,15 @@ CANDIDATES=(
   "C3:trainer.mini_batch_size=2 trainer.ppo_epochs=2 trainer.lr=1e-4"
   "C4:trainer.mini_batch_size=4 trainer.ppo_epochs=4 trainer.lr=5e-5"
 )
+# Pre-declared extension, tried in this order only when none of C1-C4 meets the rule (a deviation from the
+# design's list, recorded in decision.json): C1 clipped 0.09% of tokens (steps 6-20), a tenth of the rule's
+# lower bound, so a larger step size at the release's 8 optimizer steps comes first, then more staleness.
+EXTENSION=(
+  "C5:trainer.mini_batch_size=1 trainer.ppo_epochs=1 trainer.lr=3e-4"
+  "C6:trainer.mini_batch_size=1 trainer.ppo_epochs=1 trainer.lr=1e-3"
+  "C7:trainer.mini_batch_size=1 trainer.ppo_epochs=2 trainer.lr=3e-4"
+  "C8:trainer.mini_batch_size=1 trainer.ppo_epochs=4 trainer.lr=3e-4"
+)
 CALIBRATION="trainer.steps=20 trainer.seed=100 rollout.seed=100 eval.num_questions=16 eval.samples=1"
 STEPS=100
 COMPARE="$STUDY/compare"
@@ -101,7 +110,7 @@ phase1() {
   [[ $(json_get "$STUDY/phase0/gate.json" clears 2>/dev/null) == True ]] || die "phase 1 needs a cleared gate: run phase0 first"
   mkdir -p "$dir"
   local chosen="" spec id settings
-  for spec in "${CANDIDATES[@]}"; do
+  for spec in "${CANDIDATES[@]}" "${EXTENSION[@]}"; do
     id=${spec%%:*}; settings=${spec#*:}
     train_run "$id-grpo" grpo $settings
     if "$PYTHON" "$HERE/study_rules.py" calibration "$dir/$id-grpo" "$dir/$id-grpo/rule.json"; then
@@ -112,7 +121,7 @@ phase1() {
     "$PYTHON" - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
-json.dump({"chosen": None, "reason": "no candidate met the calibration rule"}, open(f"{d}/decision.json", "w"), indent=2)
+json.dump({"chosen": None, "reason": "no candidate (C1-C8) met the calibration rule"}, open(f"{d}/decision.json", "w"), indent=2)
 PY
     die "phase 1: no candidate met the rule ($dir/decision.json)"
   fi
@@ -126,6 +135,7 @@ from pathlib import Path
 d, chosen, settings, preserved, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "0", sys.argv[5]
 tried = sorted(p.parent.name for p in d.glob("C*-grpo/rule.json"))
 decision = {"commit": commit, "chosen": chosen if preserved else None, "candidate": chosen, "overrides": settings,
+            "extension": int(chosen[1:]) > 4,  # C5-C8: the pre-declared extension beyond the design's C1-C4
             "calibration": {name: json.loads((d / name / "rule.json").read_text()) for name in tried},
             "aepo_check": json.loads((d / f"{chosen}-aepo" / "rule.json").read_text()),
             "decided": "first candidate meeting the rule, then the AEPO grad_preserved_frac check"
