@@ -7,7 +7,8 @@
 #   examples/study/run.sh register COMMIT   record the commit of docs/preregistration.md (phases 2-3 need it)
 #   examples/study/run.sh phase2            grpo, arpo, aepo x 8 seeds (two processes side by side)
 #   examples/study/run.sh phase3            gppo, aepo_no_sg_clip, aepo_no_branch_penalty, arpo_random x 5
-#   examples/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo)
+#   examples/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo),
+#                                           then every hypothesis's verdict (study_rules.py verdicts)
 #   examples/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)
 #
 # Variables: SRC (the frozen checkout the study runs, default /work/study/src), STUDY (its output folder,
@@ -207,7 +208,8 @@ tables() {  # every arm, paired against aepo (H1, E, C, B, T2, X), arpo (G) and 
     cp "$COMPARE/compare.md" "$dir/reference-$ref.md"
     cp "$COMPARE/compare.json" "$dir/reference-$ref.json"
   done
-  say "tables: $COMPARE/compare.md (reference aepo) and $dir/reference-{aepo,arpo,grpo}.md"
+  "$PYTHON" "$HERE/study_rules.py" verdicts "$COMPARE/compare.json" "$dir/verdicts.json" >> "$log"
+  say "tables: $COMPARE/compare.md (reference aepo), $dir/reference-{aepo,arpo,grpo}.md, verdicts in $dir/verdicts.md"
 }
 
 stop() {  # SIGTERM to the recorded aepo processes that still run: each finishes its step, saves and exits
@@ -228,5 +230,5 @@ case ${1:-} in
   tables) check_frozen; OVERRIDES=$(rl_overrides); tables ;;
   register) register "${2:-}" ;;
   stop) stop ;;
-  *) sed -n 2,13p "$0"; exit 2 ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
 esac
