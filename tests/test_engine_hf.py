@@ -164,16 +164,21 @@ def test_stop_on_string_spelled_over_tokens(untied_model, tiny_tokenizer):
     assert (seg.finish_reason, seg.stop_string) == ("stop", stop)
 
 
+def _engine_with_eos(model, tokenizer, eos: int) -> HFEngine:
+    """An engine whose end-of-sequence token is ``eos`` (the model's generation config is left as it was)."""
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [eos]
+    try:
+        return HFEngine(model, tokenizer)
+    finally:
+        model.generation_config.eos_token_id = saved
+
+
 def test_eos_and_per_sequence_budget(untied_model, tiny_tokenizer):
     prompt = encode(tiny_tokenizer, "<think>")
     free = _greedy(untied_model, tiny_tokenizer, prompt, 10).token_ids
     first = free.index(free[4])
-    saved = untied_model.generation_config.eos_token_id
-    untied_model.generation_config.eos_token_id = [free[4]]
-    try:
-        engine = HFEngine(untied_model, tiny_tokenizer)
-    finally:
-        untied_model.generation_config.eos_token_id = saved
+    engine = _engine_with_eos(untied_model, tiny_tokenizer, free[4])
     seqs = [engine.add_sequence(prompt) for _ in range(3)]
     segs = engine.generate(seqs, SamplingParams(greedy=True), [10, 2, 0])
     assert first >= 2
@@ -188,12 +193,7 @@ def test_a_row_ending_long_before_the_budget_keeps_its_statistics(untied_model, 
     early gets the same tokens, log-probs and entropies as with a budget that ends where it stopped."""
     prompt = encode(tiny_tokenizer, "<think>")
     free = _greedy(untied_model, tiny_tokenizer, prompt, 10).token_ids
-    saved = untied_model.generation_config.eos_token_id
-    untied_model.generation_config.eos_token_id = [free[4]]
-    try:
-        engine = HFEngine(untied_model, tiny_tokenizer)
-    finally:
-        untied_model.generation_config.eos_token_id = saved
+    engine = _engine_with_eos(untied_model, tiny_tokenizer, free[4])
     end = free.index(free[4]) + 1
     long, exact = engine.generate([engine.add_sequence(prompt), engine.add_sequence(prompt)],
                                   SamplingParams(greedy=True), [200, end])
