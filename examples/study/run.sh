@@ -9,10 +9,12 @@
 #   examples/study/run.sh phase3            gppo, aepo_no_sg_clip, aepo_no_branch_penalty, arpo_random x 5
 #   examples/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo),
 #                                           then every hypothesis's verdict (study_rules.py verdicts)
+#   examples/study/run.sh replicate         exploratory: grpo, arpo, aepo x 4 seeds in a second world (task seed 1)
+#   examples/study/run.sh replicate-tables  the replication's tables and the same verdict code, labelled exploratory
 #   examples/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)
 #
 # Variables: SRC (the frozen checkout the study runs, default /work/study/src), STUDY (its output folder,
-# default /work/study), PYTHON (default python). Every process runs one thread (OMP_NUM_THREADS=1).
+# default /work/study), PYTHON (default python), POLL (default 20 s). Every process runs one thread.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,6 +22,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 SRC=$(cd "${SRC:-/work/study/src}" && pwd)
 STUDY=${STUDY:-/work/study}
 PYTHON=${PYTHON:-python}
+POLL=${POLL:-20}  # seconds between checks of the other worker's marker
 mkdir -p "$STUDY/logs"
 STUDY=$(cd "$STUDY" && pwd)
 export PYTHONPATH="$SRC" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -51,6 +54,10 @@ STEPS=100
 COMPARE="$STUDY/compare"
 PHASE2_ARMS="grpo:8,arpo:8,aepo:8"
 PHASE3_ARMS="gppo:5,aepo_no_sg_clip:5,aepo_no_branch_penalty:5,arpo_random:5"
+# The exploratory replication (docs/preregistration.md, section 6): the same runs in a second world.
+REPLICATE="$STUDY/replicate"
+REPLICATE_WORLD="task.seed=1"
+REPLICATE_ARMS="grpo:4,arpo:4,aepo:4"
 
 say() { echo "[$(date -u +%FT%TZ)] $*" | tee -a "$STUDY/logs/run.log" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -163,8 +170,8 @@ rl_overrides() {  # the common overrides of phases 2-3 (tables too): RL settings
   echo "$RL $(cat "$STUDY/phase1/optimizer.txt") eval.samples=8"
 }
 
-compare() {  # compare WORKER ARMS: one `aepo compare` process over ARMS of the shared folder
-  aepo "$STUDY/logs/$1.log" compare --presets "$2" --steps "$STEPS" --out "$COMPARE" $OVERRIDES
+compare() {  # compare WORKER ARMS [OUT]: one `aepo compare` process over ARMS of the shared folder
+  aepo "$STUDY/logs/$1.log" compare --presets "$2" --steps "$STEPS" --out "${3:-$COMPARE}" $OVERRIDES
 }
 
 side_by_side() {  # side_by_side PHASE: its two workers, then wait for both
@@ -187,29 +194,44 @@ phase2_b() {
   compare phase2-b aepo:8 || return 1
   while [[ ! -f $COMPARE/.phase2-arpo0-3.done ]]; do
     kill -0 "$1" 2>/dev/null || { say "phase2: worker a stopped before arpo seeds 0-3 were done"; return 1; }
-    sleep 20
+    sleep "$POLL"
   done
   compare phase2-b arpo:8
 }
 phase3_a() { compare phase3-a gppo:5,aepo_no_sg_clip:5; }
 phase3_b() { compare phase3-b aepo_no_branch_penalty:5,arpo_random:5; }
+# The replication, balanced 6 + 6 as phase 2: worker a runs arpo seeds 0-1, then grpo 0-3; worker b runs aepo
+# 0-3, then (once a's arpo 0-1 are finished) arpo 0-3, that is 2-3. Marker: $REPLICATE/.replicate-arpo0-1.done.
+replicate_a() {
+  compare replicate-a arpo:2 "$REPLICATE" && touch "$REPLICATE/.replicate-arpo0-1.done" && compare replicate-a grpo:4 "$REPLICATE"
+}
+replicate_b() {
+  compare replicate-b aepo:4 "$REPLICATE" || return 1
+  while [[ ! -f $REPLICATE/.replicate-arpo0-1.done ]]; do
+    kill -0 "$1" 2>/dev/null || { say "replicate: worker a stopped before arpo seeds 0-1 were done"; return 1; }
+    sleep "$POLL"
+  done
+  compare replicate-b arpo:4 "$REPLICATE"
+}
 
 needs_registration() {
   [[ -f $STUDY/preregistration.txt ]] || die "phases 2-3 start only after the pre-registration is committed: run.sh register COMMIT"
   [[ $(json_get "$STUDY/phase1/decision.json" chosen 2>/dev/null) != None ]] || die "phase 1 chose no optimizer setting"
 }
 
-tables() {  # every arm, paired against aepo (H1, E, C, B, T2, X), arpo (G) and grpo (H2, gppo); aepo last
-  local dir="$COMPARE/tables" ref log="$STUDY/logs/tables.log"
+tables() {  # tables OUT ARMS LOG PREFIX: every arm, paired against aepo (H1, E, C, B, T2, X), arpo (G) and grpo
+  # (H2, gppo); aepo last; then the verdicts and the figures (examples/study/figures.py: OUT/plots/PREFIX_*.png)
+  local out=$1 arms=$2 log="$STUDY/logs/$3.log" prefix=$4 ref
+  local dir="$out/tables"
   mkdir -p "$dir"
   for ref in arpo grpo aepo; do
-    aepo "$log" compare --table-only --presets "$PHASE2_ARMS,$PHASE3_ARMS" --reference "$ref" --steps "$STEPS" \
-      --out "$COMPARE" $OVERRIDES
-    cp "$COMPARE/compare.md" "$dir/reference-$ref.md"
-    cp "$COMPARE/compare.json" "$dir/reference-$ref.json"
+    aepo "$log" compare --table-only --presets "$arms" --reference "$ref" --steps "$STEPS" --out "$out" $OVERRIDES
+    cp "$out/compare.md" "$dir/reference-$ref.md"
+    cp "$out/compare.json" "$dir/reference-$ref.json"
   done
-  "$PYTHON" "$HERE/study_rules.py" verdicts "$COMPARE/compare.json" "$dir/verdicts.json" >> "$log"
-  say "tables: $COMPARE/compare.md (reference aepo), $dir/reference-{aepo,arpo,grpo}.md, verdicts in $dir/verdicts.md"
+  "$PYTHON" "$HERE/study_rules.py" verdicts "$out/compare.json" "$dir/verdicts.json" >> "$log"
+  PYTHONPATH="$REPO" "$PYTHON" "$HERE/figures.py" "$out" "$out/plots" --prefix "$prefix" >> "$log"
+  say "$3: $out/compare.md (reference aepo), $dir/reference-{aepo,arpo,grpo}.md, verdicts in $dir/verdicts.md, figures $out/plots/${prefix}_*.png"
 }
 
 stop() {  # SIGTERM to the recorded aepo processes that still run: each finishes its step, saves and exits
@@ -227,8 +249,12 @@ case ${1:-} in
   phase2|phase3) check_frozen; needs_registration; lock_phase "$1"; OVERRIDES=$(rl_overrides)
                  say "$1 (src $SRC, pre-registration $(cat "$STUDY/preregistration.txt")): $OVERRIDES"
                  mkdir -p "$COMPARE"; side_by_side "$1" ;;
-  tables) check_frozen; OVERRIDES=$(rl_overrides); tables ;;
+  tables) check_frozen; OVERRIDES=$(rl_overrides); tables "$COMPARE" "$PHASE2_ARMS,$PHASE3_ARMS" tables study ;;
+  replicate) check_frozen; needs_registration; lock_phase "$1"; OVERRIDES="$(rl_overrides) $REPLICATE_WORLD"
+             say "$1 (exploratory, src $SRC): $OVERRIDES"
+             mkdir -p "$REPLICATE"; side_by_side "$1" ;;
+  replicate-tables) check_frozen; OVERRIDES="$(rl_overrides) $REPLICATE_WORLD"; tables "$REPLICATE" "$REPLICATE_ARMS" replicate-tables replicate ;;
   register) register "${2:-}" ;;
   stop) stop ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  *) sed -n 2,16p "$0"; exit 2 ;;
 esac
