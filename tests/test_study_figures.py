@@ -27,14 +27,14 @@ def fake_compare(root: Path, tree_arms=("arpo", "aepo"), chain_arms=("grpo",), s
                     f.write(json.dumps(record) + "\n")
             row = {"run_dir": str(run_dir), "seed_index": i, "pass@1": 0.4, "hop1:pass@1": 0.5 + 0.01 * i,
                    "hop2:pass@1": 0.3, "hop3:pass@1": 0.2}
-            if arm in tree_arms:
-                row.update({f"rollout/consecutive_branch_share/{lv}": share
-                            for lv, share in zip(figures.LEVELS, (0.7, 0.2, 0.07, 0.03))})
+            shares = (0.7, 0.2, 0.07, 0.03) if arm in tree_arms else (0, 0, 0, 0)  # chains log zeros
+            row.update({f"rollout/consecutive_branch_share/{lv}": share for lv, share in zip(figures.LEVELS, shares)})
+            row["branches"] = 3.0 if arm in tree_arms else 0.0
             runs[arm].append(row)
     (root / "compare.json").write_text(json.dumps({"arms": {a: {} for a in runs}, "runs": runs}))
     (root / "sft").mkdir()
-    (root / "sft" / "eval.json").write_text(json.dumps(
-        {"synthetic/test": {"pass@1": 0.35, "by_hops": {"1": {"pass@1": 0.49}, "2": {"pass@1": 0.26}, "3": {"pass@1": 0.24}}}}))
+    (root / "sft" / "eval.json").write_text(json.dumps({"sft": {  # as aepo compare writes it
+        "synthetic/test": {"pass@1": 0.35, "by_hops": {"1": {"pass@1": 0.49}, "2": {"pass@1": 0.26}, "3": {"pass@1": 0.24}}}}}))
     return root
 
 

@@ -37,8 +37,9 @@ def read_compare(compare_dir: Path) -> tuple[dict[str, list[dict]], dict | None]
     runs = {arm: data["runs"][arm] for arm in data["arms"] if data["runs"].get(arm)}
     sft_path = compare_dir / "sft" / "eval.json"
     sft = None
-    if sft_path.is_file():
-        tests = [m for name, m in json.loads(sft_path.read_text()).items() if name.endswith("/test")]
+    if sft_path.is_file():  # aepo compare writes {"sft": {"<task>/test": …}}; aepo eval --out the inner mapping
+        result = json.loads(sft_path.read_text())
+        tests = [m for name, m in result.get("sft", result).items() if name.endswith("/test")]
         sft = tests[0] if tests else None
     return runs, sft
 
@@ -83,7 +84,8 @@ def plot_branches(runs: dict[str, list[dict]], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     keys = [f"rollout/consecutive_branch_share/{level}" for level in LEVELS]
-    trees = {arm: rows for arm, rows in runs.items() if any(_finite(row.get(keys[0])) for row in rows)}
+    trees = {arm: rows for arm, rows in runs.items()  # chain arms log zero shares: no branch ever
+             if any(_finite(row.get("branches")) and row["branches"] > 0 for row in rows)}
     if not trees:
         return None
     colors = _colors(list(runs))
