@@ -53,7 +53,8 @@ def stage_seconds(log_text: str) -> dict[str, float]:
     return {name.strip(): float(value) for name, value in re.findall(r"([^,]+?) (\d+) s", found[-1][1])}
 
 
-def test_metrics(eval_result: dict) -> dict:
+def test_split(eval_result: dict) -> dict:
+    """The test split's metrics of an eval.json section (``{"<task>/test": …}``)."""
     (metrics,) = [m for name, m in eval_result.items() if name.endswith("/test")]
     return metrics
 
@@ -83,8 +84,8 @@ def record_seed(seed: int, out: Path, env: dict[str, str], unseen_seed: int, ove
                             f"task.seed={unseen_seed}", *overrides], env, logs / f"unseen-seed{seed}.log")
     if code:
         raise SystemExit(f"seed {seed}: aepo eval exited {code}; see {logs / f'unseen-seed{seed}.log'}")
-    sft, rl = test_metrics(results["sft"]), test_metrics(results["rl"])
-    unseen = test_metrics(json.loads(unseen_file.read_text()))
+    sft, rl = test_split(results["sft"]), test_split(results["rl"])
+    unseen = test_split(json.loads(unseen_file.read_text()))
     return {"seed": seed, "commit": commit(), "wall_s": wall, "peak_rss_gb": rss,
             "stages_s": stage_seconds((logs / f"train-seed{seed}.log").read_text()),
             "sft": {k: sft[k] for k in ("pass@1", "pass@k", "tool_calls/mean")},
@@ -109,8 +110,9 @@ def table(record: dict) -> str:
              f"overrides: {' '.join(record['overrides']) or 'none'}", "",
              "| seed | wall | task+model+SFT | SFT eval | RL+eval | SFT pass@1 (pass@k) | RL pass@1 (pass@k) | Δ pass@1 "
              "| unseen world pass@1 (× test) | peak RSS |", "|" + "---|" * 10]
-    for entry in record["seeds"]:
-        ok, stage = checks(entry), entry["stages_s"]
+    oks = [checks(entry) for entry in record["seeds"]]
+    for entry, ok in zip(record["seeds"], oks):
+        stage = entry["stages_s"]
         sft, rl, unseen = entry["sft"], entry["rl"], entry["unseen"]
         lines.append(
             f"| {entry['seed']} | {entry['wall_s']:.0f} s{mark(ok['wall'])} | "
@@ -118,7 +120,7 @@ def table(record: dict) -> str:
             + f" | {sft['pass@1']:.3f}{mark(ok['sft'])} ({sft['pass@k']:.3f}) | {rl['pass@1']:.3f} ({rl['pass@k']:.3f}) | "
             f"{rl['pass@1'] - sft['pass@1']:+.3f}{mark(ok['gain'])} | {unseen['pass@1']:.3f} "
             f"({_ratio(unseen['pass@1'], rl['pass@1'])}){mark(ok['unseen'])} | {entry['peak_rss_gb']:.2f} GB |")
-    met = {name: all(checks(e)[name] for e in record["seeds"]) for name in ("wall", "sft", "gain", "unseen")}
+    met = {name: all(ok[name] for ok in oks) for name in ("wall", "sft", "gain", "unseen")}
     lines += ["", f"Targets on every seed (✗ marks a miss): wall ≤ {TARGETS['wall_max_s']} s {'met' if met['wall'] else 'NOT met'}; "
               f"SFT pass@1 ≥ {TARGETS['sft_min']} {'met' if met['sft'] else 'NOT met'}; RL − SFT ≥ +{TARGETS['gain_min']:.2f} "
               f"{'met' if met['gain'] else 'NOT met'}; unseen ≥ {TARGETS['unseen_ratio_min']}× test "

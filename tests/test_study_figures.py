@@ -38,7 +38,7 @@ def fake_compare(root: Path, tree_arms=("arpo", "aepo"), chain_arms=("grpo",), s
     return root
 
 
-def test_three_figures_from_a_compare_folder(tmp_path, capsys):
+def test_three_figures_from_a_compare_folder(tmp_path):
     compare = fake_compare(tmp_path / "compare")
     assert figures.main([str(compare), str(tmp_path / "out"), "--prefix", "x"]) == 0
     written = sorted(p.name for p in (tmp_path / "out").iterdir())

@@ -55,6 +55,23 @@ def _colors(arms: list[str]) -> dict[str, tuple]:
     return {arm: cmap(i % 10) for i, arm in enumerate(arms)}
 
 
+def _bar_with_seeds(ax, x: float, width: float, values: list[float], color, label: str | None,
+                    interval: bool = False) -> None:
+    """One bar at the mean of ``values`` (with its 95% Student-t interval if asked), each value a dot on it."""
+    stat = mean_ci95(values)
+    ax.bar(x, stat["mean"], width, color=color, label=label, yerr=stat["ci95"] if interval else None, capsize=2)
+    ax.scatter([x] * len(values), values, color="black", s=6, zorder=3)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -74,10 +91,7 @@ def plot_curves(runs: dict[str, list[dict]], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"Mean over seeds per arm (faint: per step; solid: trailing mean of {SMOOTH} steps)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_branches(runs: dict[str, list[dict]], path: Path) -> Path | None:
@@ -94,19 +108,14 @@ def plot_branches(runs: dict[str, list[dict]], path: Path) -> Path | None:
     for i, (arm, rows) in enumerate(trees.items()):
         for j, key in enumerate(keys):
             values = [row[key] for row in rows if _finite(row.get(key))]
-            x = j - 0.4 + width * (i + 0.5)
-            ax.bar(x, math.fsum(values) / len(values), width, color=colors[arm], label=arm if j == 0 else None)
-            ax.scatter([x] * len(values), values, color="black", s=6, zorder=3)
+            _bar_with_seeds(ax, j - 0.4 + width * (i + 0.5), width, values, colors[arm], arm if j == 0 else None)
     ax.set_xticks(range(len(LEVELS)), ["l = 0", "l = 1", "l = 2", "l ≥ 3"])
     ax.set_ylabel("share of branch events")
     ax.set_title("Consecutive branching (§1.4): l of P_t at each decision that branched (mean over steps; dots: seeds)",
                  fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_hops(runs: dict[str, list[dict]], sft: dict | None, path: Path) -> Path | None:
@@ -124,11 +133,8 @@ def plot_hops(runs: dict[str, list[dict]], sft: dict | None, path: Path) -> Path
             values = [row[f"hop{hop}:pass@1"] for row in rows if _finite(row.get(f"hop{hop}:pass@1"))]
             if not values:
                 continue
-            stat = mean_ci95(values)
-            x = j - 0.4 + width * (i + 0.5)
-            ax.bar(x, stat["mean"], width, color=colors[arm], yerr=stat["ci95"], capsize=2,
-                   label=f"{arm} (n={len(values)})" if j == 0 else None)
-            ax.scatter([x] * len(values), values, color="black", s=6, zorder=3)
+            _bar_with_seeds(ax, j - 0.4 + width * (i + 0.5), width, values, colors[arm],
+                            f"{arm} (n={len(values)})" if j == 0 else None, interval=True)
     by_hops = (sft or {}).get("by_hops") or {}
     for j, hop in enumerate(hops):
         if str(hop) in by_hops:
@@ -139,10 +145,7 @@ def plot_hops(runs: dict[str, list[dict]], sft: dict | None, path: Path) -> Path
     ax.set_title("pass@1 per hop level (bars: mean over seeds, 95% t interval; dots: seeds)", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,6 +174,13 @@ compare() {  # compare WORKER ARMS [OUT]: one `aepo compare` process over ARMS o
   aepo "$STUDY/logs/$1.log" compare --presets "$2" --steps "$STEPS" --out "${3:-$COMPARE}" $OVERRIDES
 }
 
+wait_for() {  # wait_for MARKER PID MESSAGE: until MARKER exists; fails with MESSAGE if process PID ends first
+  while [[ ! -f $1 ]]; do
+    kill -0 "$2" 2>/dev/null || { say "$3"; return 1; }
+    sleep "$POLL"
+  done
+}
+
 side_by_side() {  # side_by_side PHASE: its two workers, then wait for both
   local phase=$1 a b status=0
   "${phase}_a" & a=$!
@@ -192,10 +199,7 @@ phase2_a() {
 }
 phase2_b() {
   compare phase2-b aepo:8 || return 1
-  while [[ ! -f $COMPARE/.phase2-arpo0-3.done ]]; do
-    kill -0 "$1" 2>/dev/null || { say "phase2: worker a stopped before arpo seeds 0-3 were done"; return 1; }
-    sleep "$POLL"
-  done
+  wait_for "$COMPARE/.phase2-arpo0-3.done" "$1" "phase2: worker a stopped before arpo seeds 0-3 were done" || return 1
   compare phase2-b arpo:8
 }
 phase3_a() { compare phase3-a gppo:5,aepo_no_sg_clip:5; }
@@ -207,10 +211,7 @@ replicate_a() {
 }
 replicate_b() {
   compare replicate-b aepo:4 "$REPLICATE" || return 1
-  while [[ ! -f $REPLICATE/.replicate-arpo0-1.done ]]; do
-    kill -0 "$1" 2>/dev/null || { say "replicate: worker a stopped before arpo seeds 0-1 were done"; return 1; }
-    sleep "$POLL"
-  done
+  wait_for "$REPLICATE/.replicate-arpo0-1.done" "$1" "replicate: worker a stopped before arpo seeds 0-1 were done" || return 1
   compare replicate-b arpo:4 "$REPLICATE"
 }
 
