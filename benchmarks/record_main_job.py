@@ -2,7 +2,7 @@
 kernels, then each RL model on a world it never saw; a table against the main job's targets.
 
     python benchmarks/record_main_job.py --out DIR [--seeds 0,1,2,3,4] [--kernels avx2|default]
-                                         [--unseen-seed 7] [KEY=VALUE ...]
+                                         [--unseen-seed 7] [--against OTHER_DIR] [KEY=VALUE ...]
 
 Per seed s, alone (run nothing else on the machine; the wall time is the record):
 
@@ -15,6 +15,8 @@ Per seed s, alone (run nothing else on the machine; the wall time is the record)
 times (its last line), the child's peak RSS and the evaluations go to ``DIR/record.json``; a finished seed is
 kept, so the same command continues an interrupted record. ``DIR/record.md`` is the table, with the targets:
 SFT pass@1 ≥ 0.3, RL − SFT ≥ +0.10, unseen-world pass@1 ≥ 0.8 × the RL model's test pass@1, wall ≤ 600 s.
+``--against OTHER_DIR`` (a record of the same job with the other kernels) adds ``ratio avx2/default`` of the
+wall and of each stage, per seed both records hold and in all, to the table.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from bench_avx2 import AVX2_ENV
 
 TARGETS = {"sft_min": 0.3, "gain_min": 0.10, "unseen_ratio_min": 0.8, "wall_max_s": 600}
+STAGE_NAMES = ("task+model+SFT", "SFT eval", "RL+eval")
 STAGES = re.compile(r"done in (\d+) s \(([^)]*)\)")
 
 
@@ -116,7 +119,7 @@ def table(record: dict) -> str:
         sft, rl, unseen = entry["sft"], entry["rl"], entry["unseen"]
         lines.append(
             f"| {entry['seed']} | {entry['wall_s']:.0f} s{mark(ok['wall'])} | "
-            + " | ".join(f"{stage[s]:.0f} s" if s in stage else "–" for s in ("task+model+SFT", "SFT eval", "RL+eval"))
+            + " | ".join(f"{stage[s]:.0f} s" if s in stage else "–" for s in STAGE_NAMES)
             + f" | {sft['pass@1']:.3f}{mark(ok['sft'])} ({sft['pass@k']:.3f}) | {rl['pass@1']:.3f} ({rl['pass@k']:.3f}) | "
             f"{rl['pass@1'] - sft['pass@1']:+.3f}{mark(ok['gain'])} | {unseen['pass@1']:.3f} "
             f"({_ratio(unseen['pass@1'], rl['pass@1'])}){mark(ok['unseen'])} | {entry['peak_rss_gb']:.2f} GB |")
@@ -125,6 +128,24 @@ def table(record: dict) -> str:
               f"SFT pass@1 ≥ {TARGETS['sft_min']} {'met' if met['sft'] else 'NOT met'}; RL − SFT ≥ +{TARGETS['gain_min']:.2f} "
               f"{'met' if met['gain'] else 'NOT met'}; unseen ≥ {TARGETS['unseen_ratio_min']}× test "
               f"{'met' if met['unseen'] else 'NOT met'}."]
+    return "\n".join(lines) + "\n"
+
+
+def ratio_table(record: dict, other: dict) -> str:
+    """``ratio avx2/default`` of the wall and each stage, for the seeds both records hold (and their sums)."""
+    avx2, default = (record, other) if record["kernels"] == "avx2" else (other, record)
+    by_seed = {e["seed"]: e for e in default["seeds"]}
+    pairs = [(e, by_seed[e["seed"]]) for e in avx2["seeds"] if e["seed"] in by_seed]
+    if not pairs:
+        return "ratio avx2/default: no seed in both records yet\n"
+    columns = ("wall", *STAGE_NAMES)
+    value = lambda entry, name: entry["wall_s"] if name == "wall" else entry["stages_s"].get(name, 0.0)
+    lines = ["", "| seed | " + " | ".join(f"ratio avx2/default: {name}" for name in columns) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    rows = [(str(a["seed"]), [(value(a, name), value(d, name)) for name in columns]) for a, d in pairs]
+    rows.append(("all", [(sum(r[1][i][0] for r in rows), sum(r[1][i][1] for r in rows)) for i in range(len(columns))]))
+    for seed, cells in rows:
+        lines.append(f"| {seed} | " + " | ".join(f"{a / d:.2f} ({a:.0f} / {d:.0f} s)" if d else "–" for a, d in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -146,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--kernels", choices=("avx2", "default"), default="avx2")
     parser.add_argument("--unseen-seed", type=int, default=7, help="task.seed of the world the RL models never saw")
+    parser.add_argument("--against", type=Path, help="a record of the same job with the other kernels: adds "
+                        "`ratio avx2/default` per stage")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every seed's train and eval (none: the main job)")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -160,6 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads(path.read_text()) if path.exists() else {**fresh, "machine": machine(), "seeds": []}
     if any(record[key] != value for key, value in fresh.items()):
         parser.error(f"{path} was recorded with {({k: record[k] for k in fresh})}: use another --out")
+    if args.against:  # checked before any seed runs
+        other_path = args.against / "record.json"
+        if not other_path.is_file():
+            parser.error(f"--against {args.against}: no record.json there (run this script with --out {args.against})")
+        other = json.loads(other_path.read_text())
+        if other["kernels"] == args.kernels or other["overrides"] != args.overrides:
+            parser.error(f"--against {args.against}: recorded with {other['kernels']} kernels and overrides "
+                         f"{other['overrides'] or 'none'}; it needs the same job with the other kernels")
     done = {entry["seed"] for entry in record["seeds"]}
     for seed in seeds:
         if seed in done:
@@ -170,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         record["seeds"].sort(key=lambda e: e["seed"])
         path.write_text(json.dumps(record, indent=2) + "\n")
         (args.out / "record.md").write_text(table(record))
-    print(table(record), end="")
+    print(table(record) + (ratio_table(record, other) if args.against else ""), end="")
     return 0
 
 

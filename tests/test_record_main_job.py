@@ -54,3 +54,29 @@ def test_targets_per_seed():
 def test_an_unseen_world_among_the_seeds_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         record_main_job.main(["--out", str(tmp_path), "--seeds", "6,7", "--unseen-seed", "7"])
+
+
+def _entry(seed, wall, sft_stage, rl_stage):
+    return {"seed": seed, "wall_s": wall, "stages_s": {"task+model+SFT": sft_stage, "SFT eval": 10.0, "RL+eval": rl_stage}}
+
+
+def test_ratio_avx2_over_default_per_seed_and_in_all():
+    avx2 = {"kernels": "avx2", "overrides": [], "seeds": [_entry(0, 300, 120, 170), _entry(1, 200, 100, 90)]}
+    default = {"kernels": "default", "overrides": [], "seeds": [_entry(0, 250, 100, 140), _entry(2, 1, 1, 1)]}
+    for a, b in ((avx2, default), (default, avx2)):  # either record may be the one being run
+        rows = [line for line in record_main_job.ratio_table(a, b).splitlines() if line.startswith("| ")]
+        assert rows[0].startswith("| seed | ratio avx2/default: wall")
+        assert rows[1] == "| 0 | 1.20 (300 / 250 s) | 1.20 (120 / 100 s) | 1.00 (10 / 10 s) | 1.21 (170 / 140 s) |"
+        assert rows[2].startswith("| all | 1.20 (300 / 250 s)") and len(rows) == 3  # seed 1 and 2: one record each
+    assert "no seed in both" in record_main_job.ratio_table(avx2, {**default, "seeds": [_entry(5, 1, 1, 1)]})
+
+
+def test_against_a_record_of_the_same_kernels_is_refused_before_any_seed(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "record.json").write_text(json.dumps({"kernels": "avx2", "overrides": [], "seeds": []}))
+    with pytest.raises(SystemExit):
+        record_main_job.main(["--out", str(tmp_path / "rec"), "--kernels", "avx2", "--against", str(other)])
+    with pytest.raises(SystemExit):  # no record there at all
+        record_main_job.main(["--out", str(tmp_path / "rec"), "--against", str(tmp_path / "missing")])
+    assert not (tmp_path / "rec" / "seed0").exists()
