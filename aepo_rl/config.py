@@ -229,7 +229,7 @@ class AlgorithmConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = knob(8, "Cold-start SFT epochs (§5; release: 3; 8 here for the tiny model, see docs/results.md).", ge=0)
+    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for the tiny model, see docs/results.md).", ge=0)
     lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 here for the tiny model, see docs/results.md).", gt=0)
     batch_size: int = knob(32, "Sequences per optimizer step (32 here for the tiny model, see docs/results.md).", ge=1)
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
