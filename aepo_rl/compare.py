@@ -270,12 +270,18 @@ def windowed_drift(values: list[float], windows: tuple[int, int] = DRIFT_WINDOWS
     return math.fsum(values[-last:]) / last - math.fsum(values[:first]) / first
 
 
-def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float | None]:
-    """The :data:`EVAL_COLUMNS` and per-hop columns of the one ``<task>/<split>`` entry of an evaluation."""
+def split_entry(eval_result: dict[str, dict], split: str, where: Path | str) -> dict:
+    """The metrics of the one ``<task>/<split>`` entry of an evaluation (``aepo eval --out``, a section of
+    ``eval.json``); a ValueError naming ``where`` when there is not exactly one."""
     entries = [m for name, m in eval_result.items() if name.endswith(f"/{split}")]
     if len(entries) != 1:
         raise ValueError(f"{where}: expected one '<task>/{split}' evaluation, got keys {sorted(eval_result)}")
-    entry = entries[0]
+    return entries[0]
+
+
+def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float | None]:
+    """The :data:`EVAL_COLUMNS` and per-hop columns of the one ``<task>/<split>`` entry of an evaluation."""
+    entry = split_entry(eval_result, split, where)
     hops = {f"hop{h}:{col}": level.get(key) for h, level in entry.get("by_hops", {}).items()
             for col, key in HOP_METRICS.items()}
     return {**{col: entry.get(key) for col, key in EVAL_COLUMNS.items()}, **hops}

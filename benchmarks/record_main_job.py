@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from aepo_rl.compare import split_entry
 from bench_avx2 import AVX2_ENV
 
 TARGETS = {"sft_min": 0.3, "gain_min": 0.10, "unseen_ratio_min": 0.8, "wall_max_s": 600}
@@ -54,12 +55,6 @@ def stage_seconds(log_text: str) -> dict[str, float]:
     if not found:
         return {}
     return {name.strip(): float(value) for name, value in re.findall(r"([^,]+?) (\d+) s", found[-1][1])}
-
-
-def test_split(eval_result: dict) -> dict:
-    """The test split's metrics of an eval.json section (``{"<task>/test": …}``)."""
-    (metrics,) = [m for name, m in eval_result.items() if name.endswith("/test")]
-    return metrics
 
 
 def last_model(run_dir: Path) -> Path:
@@ -87,8 +82,8 @@ def record_seed(seed: int, out: Path, env: dict[str, str], unseen_seed: int, ove
                             f"task.seed={unseen_seed}", *overrides], env, logs / f"unseen-seed{seed}.log")
     if code:
         raise SystemExit(f"seed {seed}: aepo eval exited {code}; see {logs / f'unseen-seed{seed}.log'}")
-    sft, rl = test_split(results["sft"]), test_split(results["rl"])
-    unseen = test_split(json.loads(unseen_file.read_text()))
+    sft, rl = (split_entry(results[stage], "test", run_dir / "eval.json") for stage in ("sft", "rl"))
+    unseen = split_entry(json.loads(unseen_file.read_text()), "test", unseen_file)
     return {"seed": seed, "commit": commit(), "wall_s": wall, "peak_rss_gb": rss,
             "stages_s": stage_seconds((logs / f"train-seed{seed}.log").read_text()),
             "sft": {k: sft[k] for k in ("pass@1", "pass@k", "tool_calls/mean")},
@@ -134,18 +129,18 @@ def table(record: dict) -> str:
 def ratio_table(record: dict, other: dict) -> str:
     """``ratio avx2/default`` of the wall and each stage, for the seeds both records hold (and their sums)."""
     avx2, default = (record, other) if record["kernels"] == "avx2" else (other, record)
-    by_seed = {e["seed"]: e for e in default["seeds"]}
-    pairs = [(e, by_seed[e["seed"]]) for e in avx2["seeds"] if e["seed"] in by_seed]
-    if not pairs:
-        return "ratio avx2/default: no seed in both records yet\n"
     columns = ("wall", *STAGE_NAMES)
-    value = lambda entry, name: entry["wall_s"] if name == "wall" else entry["stages_s"].get(name, 0.0)
+    seconds = lambda entry: [entry["wall_s"], *(entry["stages_s"].get(name, 0.0) for name in STAGE_NAMES)]
+    by_seed = {e["seed"]: seconds(e) for e in default["seeds"]}
+    rows = [(str(e["seed"]), seconds(e), by_seed[e["seed"]]) for e in avx2["seeds"] if e["seed"] in by_seed]
+    if not rows:
+        return "ratio avx2/default: no seed in both records yet\n"
+    rows.append(("all", [sum(col) for col in zip(*(r[1] for r in rows))], [sum(col) for col in zip(*(r[2] for r in rows))]))
     lines = ["", "| seed | " + " | ".join(f"ratio avx2/default: {name}" for name in columns) + " |",
              "|" + "---|" * (len(columns) + 1)]
-    rows = [(str(a["seed"]), [(value(a, name), value(d, name)) for name in columns]) for a, d in pairs]
-    rows.append(("all", [(sum(r[1][i][0] for r in rows), sum(r[1][i][1] for r in rows)) for i in range(len(columns))]))
-    for seed, cells in rows:
-        lines.append(f"| {seed} | " + " | ".join(f"{a / d:.2f} ({a:.0f} / {d:.0f} s)" if d else "–" for a, d in cells) + " |")
+    for seed, a_row, d_row in rows:
+        lines.append(f"| {seed} | " + " | ".join(f"{a / d:.2f} ({a:.0f} / {d:.0f} s)" if d else "–"
+                                                 for a, d in zip(a_row, d_row)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -183,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads(path.read_text()) if path.exists() else {**fresh, "machine": machine(), "seeds": []}
     if any(record[key] != value for key, value in fresh.items()):
         parser.error(f"{path} was recorded with {({k: record[k] for k in fresh})}: use another --out")
+    other = None
     if args.against:  # checked before any seed runs
         other_path = args.against / "record.json"
         if not other_path.is_file():
@@ -201,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         record["seeds"].sort(key=lambda e: e["seed"])
         path.write_text(json.dumps(record, indent=2) + "\n")
         (args.out / "record.md").write_text(table(record))
-    print(table(record) + (ratio_table(record, other) if args.against else ""), end="")
+    print(table(record) + (ratio_table(record, other) if other else ""), end="")
     return 0
 
 
