@@ -567,6 +567,8 @@ def weak_mode_gaps(mode: str, landlock: int, seccomp: bool) -> list[str]:
                     + ("UDP" if landlock >= 4 else "TCP and UDP") + " on the host's network"
                     + ("" if landlock >= 6 else ", abstract unix sockets")
                     + "; use System V IPC; leave its supervisor with clone(CLONE_PARENT)")
+    if mode == "none" and os.geteuid() == 0:
+        gaps.append("start processes without limit (RLIMIT_NPROC does not bind uid 0; as root, name 'nobody')")
     return gaps
 
 
