@@ -1,13 +1,14 @@
 """The ``python`` tool: model-written code in a sandboxed child process.
 
-Each call runs ``python -I -u`` in a fresh process group, with a minimal environment, rlimits on
-CPU seconds, address space, file size and processes, a wall-clock timeout that kills the whole
-group, and output read up to a cap. As in the release (docs/algorithm.md §1.1), a final
-expression statement is printed.
+Each call runs ``python -I -u`` in a fresh session, with a minimal environment, rlimits on
+CPU seconds, address space, file size and processes, a wall-clock timeout that kills every
+process of the call, and output read up to a cap. As in the release (docs/algorithm.md §1.1), a
+final expression statement is printed.
 
-Isolation is probed once and the strongest working mode is used (``tool.isolation``). The
-first three build the same private root (``_root_layout``) in new network, pid, ipc, uts and
-mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
+The isolation asked for (``isolation``, the config's ``rollout.sandbox_isolation``) is probed once
+per process; ``auto`` takes the strongest mode with a private root that works (``tool.isolation``)
+and, where none does, refuses to start with :class:`SandboxUnavailable`. The first three build
+the same private root (``_root_layout``) in new network, pid, ipc, uts and mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
 files of ``/etc``) and the Python install are visible, read-only; ``/tmp`` is a new tmpfs of
 ``write_mb`` MB — the working directory, ``HOME`` and ``TMPDIR`` — that ``/var/tmp`` and
 ``/dev/shm`` link to. So nothing written outlives the call, the total written is capped, no host
@@ -19,9 +20,8 @@ file outside that runtime can be read, and no host unix socket (path or abstract
 - ``user-namespace`` (not root, no bubblewrap, unprivileged user namespaces): ``JAIL`` in a user
   namespace; the code keeps the host user's identity (uid 0 there, without any capability), but
   sees only the private root.
-- ``nobody`` (root, no namespaces) and ``none`` (not root): no private root, used only when
-  named (``isolation=`` / ``rollout.sandbox_isolation``): ``auto`` refuses to start without a
-  private root (:class:`SandboxUnavailable`). ``GUARD`` hardens them where the kernel allows: the
+- ``nobody`` (root: the code runs as ``nobody``) and ``none``: no private root, used only when
+  named. ``GUARD`` hardens them where the kernel allows: the
   code runs under a supervisor that is a child subreaper and kills every process the call left
   (``setsid`` daemons included) when the code ends or times out; Landlock confines reads to the
   same runtime as the private root, writes to the call's own directory (removed afterwards) and,
@@ -190,15 +190,16 @@ import site
 site.main()  # site-packages and their .pth files, as the code's user (python -S started without them)
 """
 
-# Put before RUNNER by the modes without a private root (``nobody``, ``none``). The process that
-# runs it, started in a session of its own, becomes a child subreaper and forks: it stays outside
-# every restriction as the call's supervisor, and when the code exits or SIGTERM comes (the host's
-# timeout) it kills every process of the call — each orphan, a ``setsid`` daemon too, is
-# reparented to it — until it has no child left, then exits 128 + signal or the code's status.
-# The child becomes the code's user (BECOME_USER; its Landlock rules opened before), confines itself with
-# Landlock (if its ABI is given: reads of the layout's runtime, everything in its own directory,
-# nothing else; no TCP; from ABI 6 no signal or abstract unix socket outside the call) and a
-# seccomp filter (if given: ``_SECCOMP``) and starts the code's interpreter (RUNNER) afresh.
+# Run by the modes without a private root (``nobody``, ``none``) before the code's own
+# interpreter. The process that runs it, started in a session of its own, becomes a child
+# subreaper and forks: it stays outside every restriction as the call's supervisor, and when the
+# code exits or SIGTERM comes (the host's timeout or output cap) it kills every process of the
+# call — each orphan, a ``setsid`` daemon too, is reparented to it — until it has no child left,
+# then exits 128 + signal or the code's status. The child opens its Landlock rules' folders and
+# the interpreter, becomes the code's user (BECOME_USER), confines itself with Landlock (if its
+# ABI is given: reads of the layout's runtime, everything in its own directory, nothing else; no
+# TCP; from ABI 6 no signal or abstract unix socket outside the call) and a seccomp filter (if
+# given: ``_SECCOMP``), and starts the code's interpreter (RUNNER) afresh, as that user.
 GUARD = PRELUDE + r"""
 layout, workdir, user, abi, seccomp, command = ast.literal_eval(sys.argv[1])
 class Stop(Exception):
@@ -552,21 +553,26 @@ def _refusal(isolation: str, failures: str, landlock: int, seccomp: bool) -> str
 def weak_mode_gaps(mode: str, landlock: int, seccomp: bool) -> list[str]:
     """What model-written code can still do in ``mode`` (``nobody`` or ``none``) under GUARD, with
     Landlock ABI ``landlock`` (0: no Landlock) and the seccomp filter or not (docs/tools.md)."""
-    you = "nobody" if mode == "nobody" else "your user"
-    gaps = ["fill the disk that holds its directory (each file is capped at max_file_mb, their total is not)",
-            "see the host's processes through /proc of a shared pid namespace" if not landlock else
-            "see which host paths exist, with their sizes and dates (stat), without reading them"]
-    if not landlock:
-        gaps += [f"read every host file {you} may read ({'those readable by all' if mode == 'nobody' else 'yours, /proc/<pid>/environ of your processes included'})",
-                 f"write and leave files wherever {you} may ({'world-writable folders such as /tmp, /var/tmp, /dev/shm' if mode == 'nobody' else 'your home, your projects, a Python install you own'})"]
+    nobody = mode == "nobody"
+    gaps = ["fill the disk that holds its directory (each file is capped at max_file_mb, their total is not)"]
+    if landlock:
+        gaps.append("see which host paths exist, with their sizes and dates (stat), without reading them")
+    else:
+        readable = "those readable by all" if nobody else "yours, /proc/<pid>/environ of your processes included"
+        writable = ("world-writable folders such as /tmp, /var/tmp, /dev/shm" if nobody
+                    else "your home, your projects, a Python install you own")
+        user = "nobody" if nobody else "your user"
+        gaps += ["see the host's processes through /proc of a shared pid namespace",
+                 f"read every host file {user} may read ({readable})",
+                 f"write and leave files wherever {user} may ({writable})"]
     if landlock < 6:
-        gaps.append("signal other processes running as nobody (other calls' code included)" if mode == "nobody" else
-                    "signal your processes (kill the trainer, or its supervisor, after which what it started outlives the call)")
+        gaps.append("signal other processes running as nobody (other calls' code included)" if nobody else
+                    "signal your processes (kill the trainer, or its supervisor, after which what it started "
+                    "outlives the call)")
     if not seccomp:
-        gaps.append("open sockets below Python's socket module (ctypes): host unix sockets, "
-                    + ("UDP" if landlock >= 4 else "TCP and UDP") + " on the host's network"
-                    + ("" if landlock >= 6 else ", abstract unix sockets")
-                    + "; use System V IPC; leave its supervisor with clone(CLONE_PARENT)")
+        reach = ("UDP" if landlock >= 4 else "TCP and UDP") + (" and abstract unix sockets" if landlock < 6 else "")
+        gaps.append(f"open sockets below Python's socket module (ctypes): host unix sockets, {reach} of the host; "
+                    "use System V IPC; leave its supervisor with clone(CLONE_PARENT)")
     if mode == "none" and os.geteuid() == 0:
         gaps.append("start processes without limit (RLIMIT_NPROC does not bind uid 0; as root, name 'nobody')")
     return gaps
@@ -592,7 +598,8 @@ def _candidate_modes() -> list[str]:
     """The modes with a private root that ``auto`` tries here, strongest first."""
     have = {tool: _which_or_none(tool) for tool in ("bwrap", "unshare", "setpriv")}
     if os.geteuid() == 0:
-        return (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (["namespaces"] if have["unshare"] else [])
+        bubblewrap = have["bwrap"] and have["setpriv"]  # under root, setpriv switches to nobody
+        return (["bubblewrap"] if bubblewrap else []) + (["namespaces"] if have["unshare"] else [])
     return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else [])
 
 
