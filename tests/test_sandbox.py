@@ -679,3 +679,16 @@ def test_weak_modes_keep_the_limits(mode):
     assert tool.run(code) == "Error: timed out after 2 s; the process group was killed."
     assert not _processes_named(marker)
     assert tool.run("6 * 7") == "42"
+
+
+@pytest.mark.parametrize("mode", WEAK_MODES)
+def test_weak_modes_run_threads_and_subprocesses(mode):
+    """The seccomp filter leaves threads and subprocesses working (clone3 falls back to clone);
+    multiprocessing's locks need POSIX semaphores in /dev/shm, which Landlock keeps unwritable."""
+    tool = mode_sandbox(mode)
+    code = ("import subprocess, threading\nfound = []\nthread = threading.Thread(target=found.append, args=[1])\n"
+            "thread.start()\nthread.join()\nfound, subprocess.run(['echo', 'hi'], capture_output=True).stdout")
+    assert tool.run(code) == "([1], b'hi\\n')"
+    if tool.landlock:
+        assert tool.run("import multiprocessing\nmultiprocessing.Lock()").endswith("PermissionError: [Errno 13] "
+                                                                              "Permission denied")
