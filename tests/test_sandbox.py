@@ -393,6 +393,16 @@ def test_a_named_mode_that_cannot_run_here_refuses_at_start(monkeypatch):
         sandbox(isolation="namespaces")
 
 
+def test_aepo_eval_refuses_in_one_line_before_any_model(monkeypatch, capsys):
+    from aepo_rl.cli import main
+
+    _no_private_root(monkeypatch)
+    monkeypatch.setattr("aepo_rl.models.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    assert main(["eval", "eval.num_questions=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aepo: python sandbox: no private root can be built here") and err.count("\n") == 1
+
+
 def test_the_key_reaches_the_task_and_refuses_before_any_model(monkeypatch):
     """rollout.sandbox_isolation reaches the task's python tool; without a private root the task
     itself (what training, eval and AEPOTrainer build first) refuses, before any model."""
