@@ -156,6 +156,11 @@ class RolloutConfig:
     sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp (also its working "
                                      "directory, /var/tmp and /dev/shm) is a tmpfs of this size, gone after the call "
                                      "(isolations with a private root, see docs/tools.md).", ge=1)
+    sandbox_isolation: str = knob("auto", "Isolation of the python tool's code (docs/tools.md): auto = the strongest mode with "
+                                          "a private root that works here (bubblewrap, namespaces, user-namespace), refusing "
+                                          "to start when none does; a mode by name, e.g. nobody (root) or none, runs without "
+                                          "a private root, with the risks the warning at start and docs/tools.md list.",
+                                  choices=("auto", "bubblewrap", "namespaces", "user-namespace", "nobody", "none"))
     tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
                                              "tool calls fail: server down or answering errors, sandbox failing or stopping "
                                              "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)

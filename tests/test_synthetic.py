@@ -301,7 +301,7 @@ def test_get_task_passes_cache_dir_and_the_rollouts_tool_limits_to_the_tools(tmp
                                  "rollout.tool_timeout": 5.0, "rollout.tool_workers": 3, "rollout.sandbox_write_mb": 5})
     get_task(cfg).tools()
     assert calls["search"]["cache_dir"] == str(tmp_path)
-    assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5}  # 0.8 × tool_timeout: the sandbox reports first
+    assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5, "isolation": "auto"}  # 0.8 × tool_timeout: the sandbox reports first
 
 
 def test_hermes_tool_format_writes_prompts_and_demonstrations_in_hermes():

@@ -51,13 +51,29 @@ class ToolOptions:
     python_workers: int
     python_write_mb: int
     tool_format: str = "xml"
+    python_isolation: str = "auto"
 
     @classmethod
     def from_config(cls, cfg: Config) -> ToolOptions:
         """``model.cache_dir``; ``rollout.tool_timeout`` × SANDBOX_TIMEOUT_SHARE; ``rollout.tool_workers``;
-        ``rollout.sandbox_write_mb``; ``rollout.tool_format``."""
+        ``rollout.sandbox_write_mb``; ``rollout.tool_format``; ``rollout.sandbox_isolation``."""
         return cls(cfg.model.cache_dir, SANDBOX_TIMEOUT_SHARE * cfg.rollout.tool_timeout, cfg.rollout.tool_workers,
-                   cfg.rollout.sandbox_write_mb, cfg.rollout.tool_format)
+                   cfg.rollout.sandbox_write_mb, cfg.rollout.tool_format, cfg.rollout.sandbox_isolation)
+
+
+def check_sandbox(tools, options: ToolOptions | None) -> None:
+    """Refuse, when a task is built (before any model), a python tool among ``tools`` (names or tools)
+    whose ``rollout.sandbox_isolation`` cannot run here: :class:`~aepo_rl.tools.python.SandboxUnavailable`
+    names the ways to a private root and the weaker modes. The probe is cached, so building the tool
+    later costs nothing more."""
+    if "python" in tools:
+        python_tool(options or ToolOptions.from_config(Config()))
+
+
+def python_tool(options: ToolOptions) -> Tool:
+    """The python sandbox with the rollout's limits and isolation."""
+    return get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers,
+                    write_mb=options.python_write_mb, isolation=options.python_isolation)
 
 
 def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
@@ -81,6 +97,5 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
             tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir,
                                        **perturb)
     if "python" in allowed:
-        tools["python"] = get_tool("python", timeout=options.python_timeout, pool_size=options.python_workers,
-                                   write_mb=options.python_write_mb)
+        tools["python"] = python_tool(options)
     return tools

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from aepo_rl.config import TaskConfig
 from aepo_rl.rewards import WeightedRewards, extract_answer, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, split_examples
+from aepo_rl.tasks.common import ToolOptions, build_tools, check_sandbox, split_examples
 from aepo_rl.tools.base import Tool, ToolError, get_tool
 
 BUILT_WITH_CONFIG = ("search", "python")
@@ -104,6 +104,7 @@ class DatasetTask:
         tags = [t if isinstance(t, str) else t.tag for t in self.tool_specs]
         if len(set(tags)) != len(tags):
             raise ValueError(f"tools: two tools share a name or tag in {tags}")
+        check_sandbox([t for t in self.tool_specs if isinstance(t, str)], tool_options)
         prefix = id_prefix or (lambda where: name)
         self._splits = {"train": self._examples(train_rows, "train", prefix)}
         val = self._examples(eval_rows, "val", prefix)

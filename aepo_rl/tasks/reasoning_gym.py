@@ -12,7 +12,7 @@ from aepo_rl.config import TaskConfig
 from aepo_rl.protocol import format_error
 from aepo_rl.rewards import FORMAT_PENALTY, extract_answer
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, check_sandbox, split_examples, system_prompt
 from aepo_rl.tools.base import Tool
 
 _TOOLS = ("python",)
@@ -23,6 +23,7 @@ class ReasoningGymTask:
         import reasoning_gym
 
         self.cfg, self.tool_options = task_cfg, tool_options
+        check_sandbox(_TOOLS, tool_options)
         self.name = f"reasoning_gym:{generator}"
         self.system = system_prompt(_TOOLS, tool_options.tool_format if tool_options else "xml")
         sizes = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}

@@ -29,7 +29,8 @@ from aepo_rl.config import TaskConfig
 from aepo_rl.protocol import Protocol
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, split_examples, system_prompt
+from aepo_rl.tasks.common import (SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, check_sandbox, split_examples,
+                                  system_prompt)
 from aepo_rl.tools.base import Tool
 from aepo_rl.tools.search import Hit
 
@@ -504,6 +505,8 @@ class SyntheticTask:
     def __init__(self, task_cfg: TaskConfig, tools: dict[str, Tool] | None = None,
                  tool_options: ToolOptions | None = None):
         self.cfg, self.tool_options = task_cfg, tool_options
+        if tools is None:
+            check_sandbox(("search", "python"), tool_options)
         self.tool_format = tool_options.tool_format if tool_options else "xml"
         self.system = system_prompt(("search", "python"), self.tool_format)
         counts = {"train": task_cfg.num_train, "dev": task_cfg.num_dev, "test": task_cfg.num_test}

@@ -1,13 +1,14 @@
 """The ``python`` tool: model-written code in a sandboxed child process.
 
-Each call runs ``python -I -u`` in a fresh process group, with a minimal environment, rlimits on
-CPU seconds, address space, file size and processes, a wall-clock timeout that kills the whole
-group, and output read up to a cap. As in the release (docs/algorithm.md §1.1), a final
-expression statement is printed.
+Each call runs ``python -I -u`` in a fresh session, with a minimal environment, rlimits on
+CPU seconds, address space, file size and processes, a wall-clock timeout that kills every
+process of the call, and output read up to a cap. As in the release (docs/algorithm.md §1.1), a
+final expression statement is printed.
 
-Isolation is probed once and the strongest working mode is used (``tool.isolation``). The
-first three build the same private root (``_root_layout``) in new network, pid, ipc, uts and
-mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
+The isolation asked for (``isolation``, the config's ``rollout.sandbox_isolation``) is probed once
+per process; ``auto`` takes the strongest mode with a private root that works (``tool.isolation``)
+and, where none does, refuses to start with :class:`SandboxUnavailable`. The first three build
+the same private root (``_root_layout``) in new network, pid, ipc, uts and mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
 files of ``/etc``) and the Python install are visible, read-only; ``/tmp`` is a new tmpfs of
 ``write_mb`` MB — the working directory, ``HOME`` and ``TMPDIR`` — that ``/var/tmp`` and
 ``/dev/shm`` link to. So nothing written outlives the call, the total written is capped, no host
@@ -19,14 +20,20 @@ file outside that runtime can be read, and no host unix socket (path or abstract
 - ``user-namespace`` (not root, no bubblewrap, unprivileged user namespaces): ``JAIL`` in a user
   namespace; the code keeps the host user's identity (uid 0 there, without any capability), but
   sees only the private root.
-- ``nobody`` (root, no namespaces) and ``none`` (nothing else works): no private root — the code
-  runs in a new temporary directory of the host and shares its files, ``/tmp``, ``/var/tmp``,
-  ``/dev/shm`` and unix sockets; the network is blocked at Python level only. They log a warning
-  at start naming what they lack and how to get bubblewrap.
+- ``nobody`` (root: the code runs as ``nobody``) and ``none``: no private root, used only when
+  named. ``GUARD`` hardens them where the kernel allows: the
+  code runs under a supervisor that is a child subreaper and kills every process the call left
+  (``setsid`` daemons included) when the code ends or times out; Landlock confines reads to the
+  same runtime as the private root, writes to the call's own directory (removed afterwards) and,
+  from Landlock ABI 6, signals and abstract unix sockets to the call itself; a seccomp filter
+  refuses ``socket``, System V IPC, io_uring, ``ptrace`` and ``clone(CLONE_PARENT)`` / ``clone3``.
+  What each still lacks on this machine is in the warning at start (``weak_mode_gaps``) and
+  docs/tools.md.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pwd
@@ -41,6 +48,7 @@ import threading
 import time
 from pathlib import Path
 
+from aepo_rl.errors import UserError
 from aepo_rl.tools.base import ToolError, argument_error, register_tool
 
 log = logging.getLogger(__name__)
@@ -80,18 +88,48 @@ except BaseException as error:
     sys.exit(1)
 """
 
+# What JAIL and GUARD start with: libc, and ``check`` of a C call's result (-1 raises with errno).
+PRELUDE = r"""
+import ast, ctypes, os, signal, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def check(result, what):
+    if result < 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"sandbox: {what}: {os.strerror(number)}")
+    return result
+"""
+
+# How JAIL's and GUARD's code process becomes the code's: as root (the host's, or of a user
+# namespace) it drops every capability from its bounding set so none can come back, not even
+# through execve as root; it switches to the given user (if any: "uid:gid"), keeps no capability
+# (in a user namespace, or in mode ``none`` as root, the code stays uid 0 without any) and
+# forbids new privileges (setuid programs cannot raise them).
+BECOME_USER = r"""
+if os.geteuid() == 0:
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        for cap in range(int(last.read()) + 1):
+            check(libc.prctl(24, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
+check(libc.prctl(47, 4, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
+if user:
+    uid, gid = (int(x) for x in user.split(":"))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+check(libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()), "capset")  # version 3, none
+check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+"""
+
 # Put before RUNNER by the modes that build their own root (``namespaces``, ``user-namespace``):
 # run as root of new mount, pid, network, ipc and uts namespaces, it mounts the layout of
 # ``_root_layout`` on a tmpfs, makes that the root (the host's is covered and out of reach), and
 # forks: it stays pid 1 (the kernel shields a namespace's init from signals such as SIGXCPU, so
-# the code runs as its child) and exits 128 + signal when the code is killed; the child drops
-# every capability and to the given user (if any), forbids new privileges, adds site-packages (``-S`` left them out, so
-# their ``.pth`` files do not run as root) and goes on with RUNNER.
-JAIL = r"""
-import ast, ctypes, os, sys
+# the code runs as its child) and exits 128 + signal when the code is killed; the child becomes
+# the code's user (BECOME_USER), adds site-packages (``-S`` left them out, so their ``.pth`` files
+# do not run as root) and goes on with RUNNER.
+JAIL = PRELUDE + r"""
 layout, root, user = ast.literal_eval(sys.argv[1]), sys.argv[2], sys.argv[3]
 del sys.argv[1:4]
-libc = ctypes.CDLL(None, use_errno=True)
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, MOVE, REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
 KEPT = {os.ST_NOSUID: NOSUID, os.ST_NODEV: NODEV, os.ST_NOEXEC: NOEXEC, os.ST_NOATIME: 1024,
         os.ST_NODIRATIME: 2048, os.ST_RELATIME: 1 << 21}  # a bind mount's flags a user namespace must keep
@@ -147,34 +185,108 @@ if child:
         os.close(stream)
     status = os.waitpid(child, 0)[1]
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-def check(failed, what):
-    if failed:
-        raise OSError(ctypes.get_errno(), f"sandbox: {what} failed")
-with open("/proc/sys/kernel/cap_last_cap") as last:
-    for cap in range(int(last.read()) + 1):  # no capability can come back, not even through execve as root
-        check(libc.prctl(24, cap, 0, 0, 0), f"prctl(PR_CAPBSET_DROP, {cap})")
-check(libc.prctl(47, 4, 0, 0, 0), "prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
-if user:
-    uid, gid = (int(x) for x in user.split(":"))
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-no_capabilities = (ctypes.c_uint32 * 6)()  # in a user namespace the code stays uid 0: drop what that gives
-check(libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), no_capabilities), "capset")  # _LINUX_CAPABILITY_VERSION_3
-check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")  # setuid programs cannot raise privileges
+""" + BECOME_USER + r"""
 import site
 site.main()  # site-packages and their .pth files, as the code's user (python -S started without them)
 """
 
+# Run by the modes without a private root (``nobody``, ``none``) before the code's own
+# interpreter. The process that runs it, started in a session of its own, becomes a child
+# subreaper and forks: it stays outside every restriction as the call's supervisor, and when the
+# code exits or SIGTERM comes (the host's timeout or output cap) it kills every process of the
+# call — each orphan, a ``setsid`` daemon too, is reparented to it — until it has no child left,
+# then exits 128 + signal or the code's status. The child opens its Landlock rules' folders and
+# the interpreter, becomes the code's user (BECOME_USER), confines itself with Landlock (if its
+# ABI is given: reads of the layout's runtime, everything in its own directory, nothing else; no
+# TCP; from ABI 6 no signal or abstract unix socket outside the call) and a seccomp filter (if
+# given: ``_SECCOMP``), and starts the code's interpreter (RUNNER) afresh, as that user.
+GUARD = PRELUDE + r"""
+layout, workdir, user, abi, seccomp, command = ast.literal_eval(sys.argv[1])
+class Stop(Exception):
+    pass
+def stop(signum, frame):
+    raise Stop
+check(libc.prctl(36, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+signal.signal(signal.SIGTERM, stop)
+child = os.fork()
+if child:
+    for stream in (0, 1, 2):
+        os.close(stream)
+    status = None  # the host's SIGTERM came first
+    try:
+        try:
+            status = os.waitpid(child, 0)[1]
+        finally:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    except Stop:
+        pass
+    def descendants():
+        parent = {}
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as stat:
+                    parent[int(name)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        found, level = set(), {os.getpid()}
+        while level:
+            level = {pid for pid, ppid in parent.items() if ppid in level and pid not in found}
+            found |= level
+        return found
+    while True:  # no child left means no process of the call left: orphans come to the subreaper
+        for pid in descendants():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    if status is None or os.WIFSIGNALED(status):
+        os._exit(128 + (os.WTERMSIG(status) if status is not None else signal.SIGKILL))
+    os._exit(os.WEXITSTATUS(status))
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+if abi:
+    EXECUTE, WRITE, READ, READ_DIR, TRUNCATE = 1, 2, 4, 8, 1 << 14
+    FILE_RIGHTS = EXECUTE | WRITE | READ | TRUNCATE | 1 << 15  # what a rule on a file (not a folder) may grant
+    handled = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
+    attr = struct.pack("QQQ", handled, 3, 3)[:8 if abi < 4 else 16 if abi < 6 else 24]  # + no TCP; + scoped
+    ruleset = check(libc.syscall(444, attr, ctypes.c_size_t(len(attr)), 0), "landlock_create_ruleset")
+    rules = [(path, READ | READ_DIR | EXECUTE) for kind, path, *_ in layout if kind == "ro-bind"]
+    rules += [(path, READ | WRITE | TRUNCATE) for kind, path, *_ in layout if kind == "dev-bind"]
+    for path, rights in rules + [(workdir, handled)]:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        rights &= handled if os.path.isdir(path) else handled & FILE_RIGHTS
+        check(libc.syscall(445, ruleset, 1, struct.pack("=Qi", rights, fd), 0), f"landlock_add_rule({path})")
+        os.close(fd)
+binary = os.open(command[0], os.O_RDONLY | os.O_CLOEXEC)  # opened as the host user: nobody may not reach it
+""" + BECOME_USER + r"""
+if abi:
+    check(libc.syscall(446, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
+if seccomp:
+    arch, x32, refused, clone3, clone = seccomp
+    ERRNO, ALLOW, EPERM, ENOSYS = 0x50000, 0x7FFF0000, 1, 38
+    program = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (6, 0, 0, ERRNO | EPERM), (0x20, 0, 0, 0)]  # arch; nr
+    if x32:
+        program += [(0x35, 0, 1, 0x40000000), (6, 0, 0, ERRNO | EPERM)]
+    for number in refused:
+        program += [(0x15, 0, 1, number), (6, 0, 0, ERRNO | EPERM)]
+    program += [(0x15, 0, 1, clone3), (6, 0, 0, ERRNO | ENOSYS), (0x15, 1, 0, clone), (6, 0, 0, ALLOW),
+                (0x20, 0, 0, 16), (0x45, 0, 1, 0x8000), (6, 0, 0, ERRNO | EPERM), (6, 0, 0, ALLOW)]  # CLONE_PARENT
+    code = b"".join(struct.pack("HBBI", *line) for line in program)
+    fprog = struct.pack("HxxxxxxP", len(program), ctypes.cast(ctypes.c_char_p(code), ctypes.c_void_p).value)
+    check(libc.prctl(22, 2, fprog, 0, 0), "prctl(PR_SET_SECCOMP)")
+os.execve(binary, command, os.environ)
+"""
+
 ISOLATION_MODES = ("bubblewrap", "namespaces", "nobody", "user-namespace", "none")
 PRIVATE_ROOT_MODES = ("bubblewrap", "namespaces", "user-namespace")  # the code sees only _root_layout
-_LOST = {  # what the modes without a private root lack, for the warning at start
-    "nobody": "a private root (the code sees the host's files, writes to the host's /tmp, /var/tmp and /dev/shm "
-              "what outlives the call, each file capped but not the total, and can connect to host unix sockets), "
-              "a network namespace (Python-level blocking only) and a private pid namespace",
-    "none": "a private root (the code sees the host's files, writes to the host's /tmp, /var/tmp and /dev/shm "
-            "what outlives the call, each file capped but not the total, and can connect to host unix sockets), "
-            "a network namespace (Python-level blocking only), a private pid namespace and any user switch",
+WEAK_MODES = ("nobody", "none")  # no private root: used only when named, hardened by GUARD
+_SECCOMP = {  # AUDIT_ARCH; refuse the x32 ABI; refused: socket, io_uring_setup, ptrace, System V IPC; clone3; clone
+    "x86_64": (0xC000003E, True, (41, 425, 101, 29, 30, 31, 64, 65, 66, 68, 69, 70, 71, 220), 435, 56),
+    "aarch64": (0xC00000B7, False, (198, 425, 117, 186, 187, 188, 189, 190, 191, 192, 193, 194, 195, 196), 435, 220),
 }
 _PRIVATE_DIR = "/tmp"  # inside a private root: the call's own tmpfs (also /var/tmp and /dev/shm)
 _DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -182,9 +294,14 @@ _DEVICES = ("null", "zero", "full", "random", "urandom")
 # (for pwd and getpass), name service and host files, the time zone and the alternatives links
 _ETC = ("alternatives", "group", "host.conf", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
         "nsswitch.conf", "passwd")
-_PROBED: dict[tuple, tuple[str, str]] = {}  # (euid, uid, python) -> (mode, why the stronger ones failed)
+_PROBED: dict[tuple, tuple[str | None, str]] = {}  # (isolation, euid, uid, python) -> (mode or None, why others failed)
 _WARNED: set[str] = set()  # the modes without a private root already warned about in this process
 _PROBE_LOCK = threading.Lock()
+
+
+class SandboxUnavailable(UserError):
+    """The isolation asked for cannot run here (``auto``: no private root can be built): the message
+    names why, the three ways to get a private root, and the weaker modes with what they let through."""
 
 
 @register_tool("python")
@@ -228,9 +345,14 @@ class PythonSandbox:
         self._stats_lock = threading.Lock()
         self._running = 0
         self._layout = _root_layout(self.python, self.write_bytes)
-        self.isolation, failures = (isolation, "") if isolation != "auto" else self._probe()
-        if self.isolation in _LOST:
-            _warn_once(self.isolation, failures)
+        self.landlock = landlock_abi()
+        self.seccomp = _seccomp_filter()
+        mode, failures = self._probe(isolation)
+        if mode is None:
+            raise SandboxUnavailable(_refusal(isolation, failures, self.landlock, self.seccomp is not None))
+        self.isolation = mode
+        if mode in WEAK_MODES:
+            _warn_once(mode, weak_mode_gaps(mode, self.landlock, self.seccomp is not None))
 
     def run(self, arg: str) -> str:
         problem = argument_error(arg, self.max_code_chars)
@@ -267,6 +389,8 @@ class PythonSandbox:
             try:
                 output, truncated, timed_out = self._collect(proc, code, timeout)
             finally:
+                if mode in WEAK_MODES:  # GUARD's supervisor kills what the code left, setsid daemons included
+                    _stop_supervisor(proc)
                 _kill_group(proc)
                 proc.wait()
                 proc.stdout.close()
@@ -276,18 +400,18 @@ class PythonSandbox:
             if staging:
                 os.rmdir(staging)
         signum = -proc.returncode if proc.returncode < 0 else 0
-        if private and proc.returncode > 128:  # their init reports 128 + signal
+        if proc.returncode > 128:  # bwrap, JAIL's init and GUARD's supervisor report 128 + signal
             signum = proc.returncode - 128
         return self._report(output, truncated, timed_out, proc.returncode, signum)
 
     def _command(self, mode: str, workdir: str, staging: str) -> list[str]:
         limits = [str(self.cpu_seconds), str(self.memory_bytes), str(self.file_bytes),
                   str(self._process_limit(mode)), str(int(mode in ("nobody", "none")))]
-        python = [self.python, "-I", "-u", "-c", RUNNER, *limits]
-        as_user = [_which("setpriv"), f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
-                   "--clear-groups", "--no-new-privs", "--"]
         if mode == "bubblewrap":
-            return self._bubblewrap() + (as_user if self._drops_user(mode) else []) + python
+            as_user = [_which("setpriv"), f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+                       "--clear-groups", "--no-new-privs", "--"]
+            return (self._bubblewrap() + (as_user if self._drops_user(mode) else [])
+                    + [self.python, "-I", "-u", "-c", RUNNER, *limits])
         if mode in ("namespaces", "user-namespace"):  # JAIL builds the root that bwrap would
             user = f"{self.user.pw_uid}:{self.user.pw_gid}" if self._drops_user(mode) else ""
             namespaces = ["--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--"]
@@ -295,9 +419,10 @@ class PythonSandbox:
                 namespaces = ["--user", "--map-root-user", *namespaces]
             return [_which("unshare"), *namespaces, self.python, "-I", "-S", "-u", "-c", JAIL + RUNNER,
                     repr(self._layout), staging, user, *limits]
-        if mode == "nobody":
-            return as_user + python
-        return python
+        user = f"{self.user.pw_uid}:{self.user.pw_gid}" if self._drops_user(mode) else ""
+        code = [self.python, "-I", "-u", "-c", RUNNER, *limits]
+        return [self.python, "-I", "-S", "-u", "-c", GUARD, repr((self._layout, workdir, user, self.landlock,
+                                                                  self.seccomp, code))]
 
     def _bubblewrap(self) -> list[str]:
         """``bwrap`` arguments up to ``--``: new namespaces (a user namespace unless root) and the
@@ -368,27 +493,27 @@ class PythonSandbox:
             self.stats["errors"] += errors
             self.stats["timeouts"] += timeouts
 
-    def _probe(self) -> tuple[str, str]:
-        """The strongest isolation mode that runs ``6 * 7`` on this host, and why the stronger
-        ones did not (cached)."""
-        key = (os.geteuid(), self.user.pw_uid, self.python)
+    def _probe(self, isolation: str) -> tuple[str | None, str]:
+        """The mode ``isolation`` runs in here — for ``auto`` the strongest with a private root that
+        runs ``6 * 7`` — or None, and why the modes tried failed (cached per process)."""
+        key = (isolation, os.geteuid(), self.user.pw_uid, self.python)
         with _PROBE_LOCK:
             if key not in _PROBED:
-                failures = [] if _which_or_none("bwrap") else ["bwrap is not installed"]
-                for mode in _candidate_modes():
+                failures = [] if isolation != "auto" or _which_or_none("bwrap") else ["bwrap is not installed"]
+                found = None
+                for mode in _candidate_modes() if isolation == "auto" else [isolation]:
                     failure = self._failure(mode)
                     if not failure:
+                        found = mode
                         break
                     failures.append(f"{mode} failed: {failure}")
-                _PROBED[key] = mode, "; ".join(failures)
-                if mode in PRIVATE_ROOT_MODES:
-                    log.info("python sandbox: isolation '%s' (private root, private capped /tmp, no network)", mode)
+                _PROBED[key] = found, "; ".join(failures)
+                if found in PRIVATE_ROOT_MODES:
+                    log.info("python sandbox: isolation '%s' (private root, private capped /tmp, no network)", found)
         return _PROBED[key]
 
     def _failure(self, mode: str) -> str:
         """How ``mode`` fails to run ``6 * 7`` here (its last line of output), or "" when it works."""
-        if mode == "none":
-            return ""
         try:
             text = self._execute("6 * 7", mode, timeout=30.0)
         except OSError as err:
@@ -397,29 +522,85 @@ class PythonSandbox:
         return "" if text == "42" else (text.strip().splitlines() or ["no output"])[-1]
 
 
-def _warn_once(mode: str, failures: str) -> None:
-    """The warning at start (once per process and mode) of a mode without a private root: what
-    it lacks, why it is used (``failures`` of the stronger modes; "" when chosen) and how to get
-    a private root."""
+def _warn_once(mode: str, gaps: list[str]) -> None:
+    """The warning at start (once per process and mode) of a mode without a private root, chosen by
+    name: what the code can still do on this machine and how to get a private root."""
     with _PROBE_LOCK:
         if mode in _WARNED:
             return
         _WARNED.add(mode)
-    if not failures:
-        why = f"it was chosen (isolation={mode!r}); 'auto' picks the strongest mode that works"
+    log.warning("python sandbox: isolation '%s' (chosen by name) has no private root; on this machine the code can "
+                "still %s. Install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install bubblewrap` "
+                "on Fedora) or allow namespaces, and run untrusted models only with a private root (docs/tools.md).",
+                mode, "; ".join(gaps))
+
+
+def _refusal(isolation: str, failures: str, landlock: int, seccomp: bool) -> str:
+    """Why ``isolation`` cannot run here, the three ways to get a private root, and the weaker
+    mode this user could name with what it lets through on this machine."""
+    weak = "nobody" if os.geteuid() == 0 else "none"
+    what = "no private root can be built here" if isolation == "auto" else f"isolation '{isolation}' does not work here"
+    return (f"python sandbox: {what} ({failures}), so model-written code would not run isolated. Get a private root "
+            "in one of three ways: install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install "
+            "bubblewrap` on Fedora); or run as root where `unshare` may create namespaces (a container needs "
+            "CAP_SYS_ADMIN, e.g. `docker run --cap-add SYS_ADMIN --security-opt seccomp=unconfined`); or enable "
+            "unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`; on Ubuntu 24.04 "
+            "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`). Or accept a weaker mode by name: "
+            f"rollout.sandbox_isolation={weak} (get_tool('python', isolation='{weak}') in Python), in which on this "
+            f"machine the code can {'; '.join(weak_mode_gaps(weak, landlock, seccomp))} (docs/tools.md).")
+
+
+def weak_mode_gaps(mode: str, landlock: int, seccomp: bool) -> list[str]:
+    """What model-written code can still do in ``mode`` (``nobody`` or ``none``) under GUARD, with
+    Landlock ABI ``landlock`` (0: no Landlock) and the seccomp filter or not (docs/tools.md)."""
+    nobody = mode == "nobody"
+    gaps = ["fill the disk that holds its directory (each file is capped at max_file_mb, their total is not)"]
+    if landlock:
+        gaps.append("see which host paths exist, with their sizes and dates (stat), without reading them")
     else:
-        why = f"no stronger mode works here ({failures})"
-    log.warning("python sandbox: isolation '%s' lacks %s; %s. Install bubblewrap (`apt-get install bubblewrap` on "
-                "Debian/Ubuntu, `dnf install bubblewrap` on Fedora) or allow namespaces, and run untrusted models "
-                "only where one of these works (docs/tools.md).", mode, _LOST[mode], why)
+        readable = "those readable by all" if nobody else "yours, /proc/<pid>/environ of your processes included"
+        writable = ("world-writable folders such as /tmp, /var/tmp, /dev/shm" if nobody
+                    else "your home, your projects, a Python install you own")
+        user = "nobody" if nobody else "your user"
+        gaps += ["see the host's processes through /proc of a shared pid namespace",
+                 f"read every host file {user} may read ({readable})",
+                 f"write and leave files wherever {user} may ({writable})"]
+    if landlock < 6:
+        gaps.append("signal other processes running as nobody (other calls' code included)" if nobody else
+                    "signal your processes (kill the trainer, or its supervisor, after which what it started "
+                    "outlives the call)")
+    if not seccomp:
+        reach = ("UDP" if landlock >= 4 else "TCP and UDP") + (" and abstract unix sockets" if landlock < 6 else "")
+        gaps.append(f"open sockets below Python's socket module (ctypes): host unix sockets, {reach} of the host; "
+                    "use System V IPC; leave its supervisor with clone(CLONE_PARENT)")
+    if mode == "none" and os.geteuid() == 0:
+        gaps.append("start processes without limit (RLIMIT_NPROC does not bind uid 0; as root, name 'nobody')")
+    return gaps
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 without Landlock (Linux before 5.13, Landlock not
+    enabled, or its system calls refused, e.g. by a container's seccomp profile)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return max(0, libc.syscall(444, None, ctypes.c_size_t(0), 1))  # LANDLOCK_CREATE_RULESET_VERSION
+
+
+def _seccomp_filter() -> tuple | None:
+    """GUARD's seccomp table for this machine (``_SECCOMP``), None where the architecture is not in
+    it or the kernel has no seccomp."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    table = _SECCOMP.get(os.uname().machine)
+    return table if table and libc.prctl(21, 0, 0, 0, 0) >= 0 else None  # PR_GET_SECCOMP
 
 
 def _candidate_modes() -> list[str]:
+    """The modes with a private root that ``auto`` tries here, strongest first."""
     have = {tool: _which_or_none(tool) for tool in ("bwrap", "unshare", "setpriv")}
     if os.geteuid() == 0:
-        modes = (["bubblewrap"] if have["bwrap"] and have["setpriv"] else []) + (["namespaces"] if have["unshare"] else [])
-        return modes + (["nobody"] if have["setpriv"] else []) + ["none"]
-    return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else []) + ["none"]
+        bubblewrap = have["bwrap"] and have["setpriv"]  # under root, setpriv switches to nobody
+        return (["bubblewrap"] if bubblewrap else []) + (["namespaces"] if have["unshare"] else [])
+    return (["bubblewrap"] if have["bwrap"] else []) + (["user-namespace"] if have["unshare"] else [])
 
 
 def _which_or_none(tool: str) -> str | None:
@@ -494,6 +675,17 @@ def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+def _stop_supervisor(proc: subprocess.Popen, grace: float = 2.0) -> None:
+    """Ask GUARD's supervisor (SIGTERM) to kill every process of the call and wait for it to exit,
+    at most ``grace`` seconds (``_kill_group`` follows either way)."""
+    if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        _wait_until(proc, time.monotonic() + grace)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

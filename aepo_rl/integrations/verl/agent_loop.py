@@ -134,7 +134,8 @@ def loop_tools(settings: AEPOLoopSettings) -> dict:
     from aepo_rl.tasks import get_task
 
     task, tags = settings.task, settings.tools
-    knobs = {f"rollout.{name}": getattr(settings.rollout, name) for name in ("tool_timeout", "tool_workers", "sandbox_write_mb")}
+    knobs = {f"rollout.{name}": getattr(settings.rollout, name)
+             for name in ("tool_timeout", "tool_workers", "sandbox_write_mb", "sandbox_isolation")}
     key = repr((sorted(asdict(task).items()), tags, sorted(knobs.items())))
     with _TOOLS_LOCK:
         if key not in _TOOLS:
