@@ -320,7 +320,8 @@ def columns_of(rows: list[dict[str, Any]]) -> list[Column]:
     logged = sorted(n for n in names if any(_pattern_regex(p).fullmatch(n) for p in LOGGED_MEANS))
     found = ([c for c in COLUMNS if c.name in names]
              + [Column(n, f"{HOP_METRICS[levels[n][2]]} over the questions of {levels[n][0]} {levels[n][1]} (eval.json "
-                          f"by_<level field>; hop: searches needed)", "per level") for n in level_names]
+                          f"by_<level field>{'; hop: the searches a question needs' if levels[n][0] == 'hop' else ''})",
+                       "per level") for n in level_names]
              + [Column(n, f"{n} from metrics.jsonl, mean over steps", "rollouts and entropy") for n in logged])
     return sorted(found, key=lambda c: TABLES.index(c.table))
 

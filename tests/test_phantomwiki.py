@@ -275,3 +275,32 @@ def test_verl_data_writes_parquet_and_each_splits_corpus(generated, tmp_path):
     assert rows[0]["reward_model"]["ground_truth"] == task.examples("dev")[0].answers
     corpus = [json.loads(line) for line in paths["corpus_val"].read_text().splitlines()]
     assert corpus == task.corpus("dev")
+
+
+TINY_RUN = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+            "model.tiny_intermediate_size": 64, "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2,
+            "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16, "model.tiny_copy_steps": 2, "sft.epochs": 1,
+            "sft.batch_size": 8, "rollout.n": 2, "rollout.max_response_length": 32, "rollout.max_tokens_per_round": 12,
+            "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2, "trainer.mini_batch_size": 1,
+            "trainer.micro_batch_size": 2, "trainer.steps": 1, "eval.samples": 2, "eval.num_questions": 4,
+            "trainer.run_name": "tiny"}
+
+
+@pytest.mark.slow
+@needs_generator
+def test_aepo_train_and_eval_run_end_to_end_on_phantomwiki(tmp_path):
+    from aepo_rl.cli import main
+
+    knobs = {**TINY_UNIVERSES, **TINY_RUN, "model.cache_dir": str(tmp_path / "cache"),
+             "trainer.run_dir": str(tmp_path / "runs")}
+    assert main(["train", *(f"{k}={v}" for k, v in knobs.items())]) == 0
+    run = tmp_path / "runs" / "tiny"
+    result = json.loads((run / "eval.json").read_text())["rl"]["phantomwiki/test"]
+    assert result["num_questions"] == 4 and 0.0 <= result["answer/f1/mean"] <= 1.0
+    assert sum(level["num_questions"] for level in result["by_difficulty"].values()) == 4
+    assert (run / "plots" / "pass_at_1_by_level.png").is_file()
+    eval_knobs = {k: v for k, v in knobs.items() if k.startswith(("task.", "model.cache_dir", "eval.", "rollout."))}
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(run / "checkpoints" / "sft"), "--out", str(out),
+                 *(f"{k}={v}" for k, v in eval_knobs.items())]) == 0
+    assert json.loads(out.read_text())["phantomwiki/test"]["by_difficulty"]
