@@ -425,12 +425,7 @@ class PhantomWikiTask:
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"phantomwiki-teacher-{self.cfg.seed}")
             tools = self.split_tools("train")
-            plans = []
-            for example in self.examples("train"):
-                solution = self.teacher_solution(example, "train", cfg.phantomwiki_max_searches)
-                if solution is not None and answer_list_scores(solution.answer, example.answers)["em"] == 1.0:
-                    plans.append((example, solution))
-            plans = plans[:cfg.num_demonstrations]
+            plans = self._solved("train")[:cfg.num_demonstrations]
             flawed = set(rng.sample(range(len(plans)), round(cfg.teacher_error_rate * len(plans))))
             names = random.Random(f"phantomwiki-renames-{cfg.seed}")
             demos = []
@@ -441,6 +436,23 @@ class PhantomWikiTask:
                 demos.append(self._renamed(Demonstration(example, pieces, has_error=i in flawed), names))
             self._demos = demos
         return self._demos
+
+    def demonstrations_for(self, split: str) -> list[Demonstration]:
+        """Error-free teacher trajectories, names as they are, on the questions of ``split`` the teacher
+        answers within ``task.phantomwiki_max_searches`` searches (SFT's held-out loss on dev)."""
+        tools = self.split_tools(split)
+        return [Demonstration(example, teacher_pieces(solution, tools, self.tool_format))
+                for example, solution in self._solved(split)]
+
+    def _solved(self, split: str) -> list[tuple[Example, Solution]]:
+        """The questions of ``split`` the teacher answers right within ``task.phantomwiki_max_searches``, with
+        its solutions."""
+        solved = []
+        for example in self.examples(split):
+            solution = self.teacher_solution(example, split, self.cfg.phantomwiki_max_searches)
+            if solution is not None and answer_list_scores(solution.answer, example.answers)["em"] == 1.0:
+                solved.append((example, solution))
+        return solved
 
     def _mistake(self, example: Example, solution: Solution, rng: random.Random) -> Solution:
         """A wrong version of ``solution``: no search and a guessed answer of the same kind, or (for a list)
