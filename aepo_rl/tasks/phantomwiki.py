@@ -39,12 +39,12 @@ from aepo_rl.errors import UserError
 from aepo_rl.rewards import ANSWER_SEP, answer_list_scores, extract_answer, get_reward
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
-from aepo_rl.tasks.synthetic import Solution, _shows_page, _syllable_word, teacher_pieces
+from aepo_rl.tasks.synthetic import Solution, _syllable_word, teacher_pieces
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
 GENERATOR_VERSION = "1.0.3"
-INSTALL = ("apt-get install swi-prolog-nox; pip install -e '.[phantomwiki]'; "
+INSTALL = ("apt-get install swi-prolog-nox; pip install --prefer-binary -e '.[phantomwiki]'; "
            f"pip install --no-deps --ignore-requires-python phantom-wiki=={GENERATOR_VERSION}")
 """The install line (docs/tasks-and-rewards.md): the package declares Python >= 3.12 but runs on 3.11."""
 DEFAULT_REWARD = "answer_list_f1"
@@ -193,7 +193,7 @@ def generate_universe(cfg: TaskConfig, split: str, cache_dir: str | Path) -> Pat
         except PhantomWikiError as err:
             raise PhantomWikiError(f"the PhantomWiki generator's {split} universe ({' '.join(args)}) is unusable: "
                                    f"{err}. Change the task.phantomwiki_* settings (more or larger family trees, "
-                                   "a question depth of at least 4)") from None
+                                   "a larger question depth)") from None
         try:
             os.rename(staging, folder)
         except OSError:  # another process cached the same universe first
