@@ -19,7 +19,6 @@ value), reads each page it needs from the results, and answers with every value 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -39,7 +38,7 @@ from aepo_rl.errors import UserError
 from aepo_rl.rewards import ANSWER_SEP, answer_list_scores, extract_answer, get_reward
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
-from aepo_rl.tasks.synthetic import Solution, _syllable_word, teacher_pieces
+from aepo_rl.tasks.synthetic import Solution, _syllable_word, renamed, teacher_pieces
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -335,6 +334,11 @@ def follow_chain(chain: Chain, search: Tool, max_searches: int | None = None
 ERROR_KINDS = ("skipped_search", "partial_answer")
 
 
+def invented_name(rng: random.Random) -> str:
+    """A fresh full name of two syllable words (the synthetic world's), for a person of a demonstration."""
+    return f"{_syllable_word(rng)} {_syllable_word(rng)}"
+
+
 # ---------------------------------------------------------------- the task
 
 class PhantomWikiTask:
@@ -433,7 +437,8 @@ class PhantomWikiTask:
                 if i in flawed:
                     solution = self._mistake(example, solution, rng)
                 pieces = teacher_pieces(solution, tools, self.tool_format)
-                demos.append(self._renamed(Demonstration(example, pieces, has_error=i in flawed), names))
+                demo = Demonstration(example, pieces, has_error=i in flawed)  # each person renamed throughout
+                demos.append(renamed(demo, self.name_pattern, lambda: invented_name(names), info_keys=()))
             self._demos = demos
         return self._demos
 
@@ -473,19 +478,6 @@ class PhantomWikiTask:
             if answer_list_scores(guess, example.answers)["em"] < 1.0:
                 return Solution([], None, guess)
 
-    def _renamed(self, demo: Demonstration, rng: random.Random) -> Demonstration:
-        """``demo`` with each person's full name replaced by one fresh invented name throughout."""
-        fresh: dict[str, str] = {}
-
-        def rename(text: str) -> str:
-            return self.name_pattern.sub(
-                lambda m: fresh.setdefault(m.group(0), f"{_syllable_word(rng)} {_syllable_word(rng)}"), text)
-
-        ex = demo.example
-        example = dataclasses.replace(ex, question=rename(ex.question), answers=[rename(a) for a in ex.answers],
-                                      messages=[{**m, "content": rename(m["content"])} for m in ex.messages])
-        return Demonstration(example, [(rename(text), trained) for text, trained in demo.pieces], demo.has_error)
-
     @functools.cached_property
     def name_pattern(self) -> re.Pattern:
         """Any person's full name of any split, as whole words."""
@@ -500,5 +492,5 @@ class PhantomWikiTask:
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]
         rng = random.Random(f"phantomwiki-tokenizer-{self.cfg.seed}")
-        return [self.name_pattern.sub(lambda _: f"{_syllable_word(rng)} {_syllable_word(rng)}", text)
+        return [self.name_pattern.sub(lambda _: invented_name(rng), text)
                 for text in [*prompts, *docs, *demos]]
