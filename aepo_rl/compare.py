@@ -49,6 +49,8 @@ class Column:
 COLUMNS = (
     Column("pass@1", "pass@1 on the evaluation split after RL", "outcomes"),
     Column("pass@k", "pass@k (k = eval.samples) after RL", "outcomes"),
+    Column("f1", "mean answer-list F1 over the evaluated samples after RL (a task that reports it: phantomwiki)",
+           "outcomes"),
     Column("tool_calls", "tool calls per evaluated answer (tool_calls/mean)", "outcomes"),
     Column("eval_entropy", "mean token entropy of the evaluated answers' own tokens (entropy/token_mean; tool "
                            "results excluded): the same measurement for every arm, tree or chain", "outcomes"),
@@ -71,14 +73,18 @@ COLUMNS = (
     Column("largest_subtree", "share of a prompt's trajectories descending from its most-branched global sample "
                               "(rollout/largest_subtree_share, mean over steps)", "rollouts and entropy"),
 )
-TABLES = ("outcomes", "per hop level", "tool efficiency", "training compute", "rollouts and entropy")
+TABLES = ("outcomes", "per level", "tool efficiency", "training compute", "rollouts and entropy")
 """The tables the columns are printed in, in order (a table without a column with a value is left out)."""
-EVAL_COLUMNS = {"pass@1": "pass@1", "pass@k": "pass@k", "tool_calls": "tool_calls/mean",
+EVAL_COLUMNS = {"pass@1": "pass@1", "pass@k": "pass@k", "f1": "answer/f1/mean", "tool_calls": "tool_calls/mean",
                 "eval_entropy": "entropy/token_mean", "calls_per_correct": "calls_per_correct",
                 "tool_productivity": "tool_productivity", "excess_calls": "excess_calls/mean"}
 """Columns taken from the final evaluation (eval.json's entry): column → its key there."""
-HOP_METRICS = {"pass@1": "pass@1", "pass@k": "pass@k", "tool_calls": "tool_calls/mean"}
-"""Per hop level h (eval.json's ``by_hops``), the columns ``hop<h>:<name>``."""
+HOP_METRICS = {"pass@1": "pass@1", "pass@k": "pass@k", "f1": "answer/f1/mean", "tool_calls": "tool_calls/mean"}
+"""Per level h of the task's level field (eval.json's ``by_<field>``: ``by_hops``, phantomwiki's ``by_difficulty``),
+the columns ``<prefix><h>:<name>`` (:data:`LEVEL_PREFIXES`)."""
+LEVEL_PREFIXES = {"hops": "hop", "difficulty": "difficulty"}
+"""Level field → the prefix of its columns (``hop2:pass@1``, ``difficulty3:f1``); another field is its own prefix."""
+_LEVEL_COLUMN = re.compile(r"([a-z_]+?)(\d+):(.+)")
 STEP_MEANS = {"distinct_per_group": "rollout/distinct_per_group", "branches": "rollout/branches_per_prompt",
               "largest_subtree": "rollout/largest_subtree_share"}
 """Columns that average a per-step rollout metric over the run's steps (None when it was never logged)."""
@@ -282,9 +288,11 @@ def split_entry(eval_result: dict[str, dict], split: str, where: Path | str) -> 
 def eval_metrics(eval_result: dict[str, dict], split: str, where: Path) -> dict[str, float | None]:
     """The :data:`EVAL_COLUMNS` and per-hop columns of the one ``<task>/<split>`` entry of an evaluation."""
     entry = split_entry(eval_result, split, where)
-    hops = {f"hop{h}:{col}": level.get(key) for h, level in entry.get("by_hops", {}).items()
-            for col, key in HOP_METRICS.items()}
-    return {**{col: entry.get(key) for col, key in EVAL_COLUMNS.items()}, **hops}
+    levels = {f"{LEVEL_PREFIXES.get(field, field)}{h}:{col}": level.get(key)
+              for field_key, by_level in entry.items() if field_key.startswith("by_") and isinstance(by_level, dict)
+              for field in [field_key.removeprefix("by_")] for h, level in by_level.items()
+              for col, key in HOP_METRICS.items()}
+    return {**{col: entry.get(key) for col, key in EVAL_COLUMNS.items()}, **levels}
 
 
 def run_metrics(eval_result: dict[str, dict], split: str, run_dir: Path) -> dict[str, float | None]:
@@ -307,12 +315,13 @@ def columns_of(rows: list[dict[str, Any]]) -> list[Column]:
     """The columns of a comparison: :data:`COLUMNS`, ``hop<h>:…`` and :data:`LOGGED_MEANS` ones, each kept when
     some row has a value for it, in :data:`TABLES` order."""
     names = {key for row in rows for key, value in row.items() if value is not None}
-    hop_names = sorted((n for n in names if n.startswith("hop") and ":" in n),
-                       key=lambda n: (int(n[3:n.index(":")]), list(HOP_METRICS).index(n.split(":", 1)[1])))
+    levels = {n: m.groups() for n in names if (m := _LEVEL_COLUMN.fullmatch(n)) and m.group(3) in HOP_METRICS}
+    level_names = sorted(levels, key=lambda n: (levels[n][0], int(levels[n][1]), list(HOP_METRICS).index(levels[n][2])))
     logged = sorted(n for n in names if any(_pattern_regex(p).fullmatch(n) for p in LOGGED_MEANS))
     found = ([c for c in COLUMNS if c.name in names]
-             + [Column(n, f"{HOP_METRICS[n.split(':', 1)[1]]} over the questions needing {n[3:n.index(':')]} "
-                          "search(es) (eval.json by_hops)", "per hop level") for n in hop_names]
+             + [Column(n, f"{HOP_METRICS[levels[n][2]]} over the questions of {levels[n][0]} {levels[n][1]} (eval.json "
+                          f"by_<level field>{'; hop: the searches a question needs' if levels[n][0] == 'hop' else ''})",
+                       "per level") for n in level_names]
              + [Column(n, f"{n} from metrics.jsonl, mean over steps", "rollouts and entropy") for n in logged])
     return sorted(found, key=lambda c: TABLES.index(c.table))
 

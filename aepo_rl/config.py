@@ -86,7 +86,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
+    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'phantomwiki' (PhantomWiki universes), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
                      choices=lambda: _registered("TASKS"))
     seed: int = knob(0, "Seed of the synthetic world and its questions.")
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
@@ -95,8 +95,8 @@ class TaskConfig:
     min_hops: int = knob(1, "Synthetic: fewest searches a question needs; each question's hop level is drawn uniformly from the levels min_hops..max_hops its kind has (arithmetic questions need 1-2).", ge=1, le=3)
     max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see docs/results.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.5, "Synthetic: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see docs/results.md).", ge=0, le=1)
-    num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT.", ge=1)
+    teacher_error_rate: float = knob(0.5, "Synthetic and phantomwiki: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see docs/results.md).", ge=0, le=1)
+    num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT (phantomwiki: at most this many).", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
     reward: str = knob("deep_research", "Reward function (§3).", choices=lambda: _registered("REWARDS"))
@@ -106,6 +106,28 @@ class TaskConfig:
     search_noise: float = knob(0.0, "Synthetic: probability that a search's top page is that of another entity of the same kind, drawn deterministically from the task seed and the query; the teacher sees the wrong title and searches again with a reformulated query (0 = off; at most 0.5).", ge=0, le=0.5)
     search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's demonstrations short: it reads one document).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
+    search_max_chars: int = knob(300, "Characters of each search hit's text shown to the agent (the release's 300); a "
+                                      "longer text is cut and ends in '…' (phantomwiki: 400 shows every article whole, docs/tasks-and-rewards.md).",
+                                 ge=1)
+    phantomwiki_dir: str | None = knob(None, "PhantomWiki: a folder with one universe per split, subfolders train/, test/ "
+                                             "and optionally dev/ (else dev is test), each with the generator's "
+                                             "articles.json and questions.json; None generates the universes of seeds "
+                                             "3·task.seed + 1, 2, 3 (train, dev, test) with the phantomwiki_* settings "
+                                             "(the [phantomwiki] extra and SWI-Prolog, docs/tasks-and-rewards.md).")
+    phantomwiki_num_trees: int = knob(10, "PhantomWiki: family trees per universe (--num-family-trees; the paper: n/50).", ge=1)
+    phantomwiki_tree_size: int = knob(25, "PhantomWiki: most people per family tree (--max-family-tree-size; the paper: 50).", ge=1)
+    phantomwiki_tree_depth: int = knob(20, "PhantomWiki: deepest family tree (--max-family-tree-depth; the paper: 20).", ge=1)
+    phantomwiki_question_depth: int = knob(10, "PhantomWiki: depth of the question grammar (--question-depth): 10 gives "
+                                               "20 templates and difficulty 1-4 in easy mode; the paper: 20.", ge=2)
+    phantomwiki_easy: bool = knob(True, "PhantomWiki: easy mode (--easy-mode: parent/child/sibling/spouse and friend "
+                                        "relations only); false is the paper's hard mode (cousins, aunts, in-laws …).")
+    phantomwiki_questions_per_template: int = knob(10, "PhantomWiki: questions per template of the dev and test "
+                                                       "universes (--num-questions-per-type; duplicates dropped).", ge=1)
+    phantomwiki_train_questions_per_template: int = knob(50, "PhantomWiki: questions per template of the training "
+                                                             "universe (duplicates dropped).", ge=1)
+    phantomwiki_max_searches: int = knob(4, "PhantomWiki: the teacher demonstrates only training questions its chain "
+                                            "answers in at most this many searches (every question still trains RL "
+                                            "and is evaluated).", ge=1)
 
 
 @dataclass

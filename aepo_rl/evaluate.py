@@ -25,6 +25,7 @@ from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example, Task
+from aepo_rl.tasks.common import split_tools
 
 log = logging.getLogger(__name__)
 
@@ -59,24 +60,29 @@ def score_groups(task: Task, examples: list[Example], groups: list[list[Trajecto
     """Metrics over questions (pass@1, pass@k, means over all samples) and one record per question.
 
     ``tool_errors/mean`` is the mean number of failed tool calls per sample (``ToolCall.error``),
-    next to ``tool_calls/mean``; each sample's record has its ``tool_errors`` count. The tool
-    efficiency, the entropy of the samples and the results per hop level are :func:`efficiency`'s
-    and :func:`by_hops`'s (docs/evaluation.md)."""
+    next to ``tool_calls/mean``; each sample's record has its ``tool_errors`` count. A task with
+    ``answer_scores(example, text) -> {name: score}`` (phantomwiki: its EM and F1) gets each score per
+    sample and its mean, ``answer/<name>/mean``. The tool efficiency, the entropy of the samples and the results
+    per level of the task's ``level_field`` (``hops`` unless it says otherwise; phantomwiki: ``difficulty``)
+    are :func:`efficiency`'s and :func:`by_level`'s (docs/evaluation.md)."""
     if len(groups) != len(examples):
         raise ValueError(f"the rollout returned {len(groups)} groups for {len(examples)} questions")
+    field = getattr(task, "level_field", "hops")
+    answer_scores = getattr(task, "answer_scores", None)
     records = []
     for example, group in zip(examples, groups):
         if len(group) != k:
             raise ValueError(f"question {example.id}: the rollout returned {len(group)} samples, expected {k}")
         samples = [{"correct": bool(task.correct(example, traj.response_text)),
                     "reward": float(task.reward(example, traj.response_text)),
+                    **({"scores": answer_scores(example, traj.response_text)} if answer_scores else {}),
                     "tool_calls": traj.num_tool_calls, "tool_errors": sum(c.error for c in traj.tool_calls),
                     "response_length": len(traj.response_token_ids),
                     "model_tokens": sum(traj.loss_mask),
                     "entropy_sum": math.fsum(h for h, m in zip(traj.entropies, traj.loss_mask) if m),
                     "finish_reason": traj.finish_reason, "response": traj.response_text} for traj in group]
         records.append({"id": example.id, "question": example.question, "answers": example.answers,
-                        "hops": example.extra_info.get("hops"),
+                        "hops": example.extra_info.get("hops"), field: example.extra_info.get(field),
                         "min_tool_calls": example.extra_info.get("min_tool_calls"),
                         "num_samples": len(samples), "num_correct": sum(s["correct"] for s in samples),
                         "samples": samples})
@@ -85,26 +91,30 @@ def score_groups(task: Task, examples: list[Example], groups: list[list[Trajecto
                "tool_errors/mean": _mean([s["tool_errors"] for s in samples]),
                "response_length/mean": _mean([s["response_length"] for s in samples]),
                "reward/mean": _mean([s["reward"] for s in samples]),
-               **efficiency(records), "by_hops": by_hops(records, k)}
+               **efficiency(records), f"by_{field}": by_level(records, k, field)}
     return metrics, records
 
 
 def _outcomes(records: list[dict[str, Any]], k: int) -> dict[str, float]:
-    """pass@1, pass@k (means over questions) and tool calls per sample of ``records``."""
+    """pass@1, pass@k (means over questions), tool calls per sample and the mean of each answer score
+    (``answer/<name>/mean``) of ``records``."""
+    samples = [s for r in records for s in r["samples"]]
+    names = dict.fromkeys(name for s in samples for name in s.get("scores", {}))
     return {"pass@1": _mean([pass_at_k(r["num_samples"], r["num_correct"], 1) for r in records]),
             "pass@k": _mean([pass_at_k(r["num_samples"], r["num_correct"], k) for r in records]),
-            "tool_calls/mean": _mean([s["tool_calls"] for r in records for s in r["samples"]])}
+            "tool_calls/mean": _mean([s["tool_calls"] for s in samples]),
+            **{f"answer/{name}/mean": _mean([s["scores"][name] for s in samples]) for name in names}}
 
 
-def by_hops(records: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
-    """``{"<hops>": {"num_questions", "pass@1", "pass@k", "tool_calls/mean"}}`` over the questions whose
-    example carries ``extra_info["hops"]`` (the synthetic task's searches needed), in hop order; {} for a
-    task without it."""
+def by_level(records: list[dict[str, Any]], k: int, field: str = "hops") -> dict[str, dict[str, float]]:
+    """``{"<level>": {"num_questions", "pass@1", "pass@k", "tool_calls/mean", answer/<score>/mean …}}`` over the
+    questions whose record carries ``field`` (the task's ``level_field``: the synthetic task's searches needed
+    ``hops``, PhantomWiki's ``difficulty``), in level order; {} for a task without it."""
     levels: dict[int, list[dict[str, Any]]] = {}
     for record in records:
-        if record["hops"] is not None:
-            levels.setdefault(int(record["hops"]), []).append(record)
-    return {str(hops): {"num_questions": len(rows), **_outcomes(rows, k)} for hops, rows in sorted(levels.items())}
+        if record.get(field) is not None:
+            levels.setdefault(int(record[field]), []).append(record)
+    return {str(level): {"num_questions": len(rows), **_outcomes(rows, k)} for level, rows in sorted(levels.items())}
 
 
 def efficiency(records: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -141,7 +151,7 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
     k = 1 if cfg.eval.greedy else cfg.eval.samples
     rollout_cfg = dataclasses.replace(cfg.rollout, mode="independent", n=k)
     sampling = eval_sampling(cfg)
-    tools = task.tools()
+    tools = split_tools(task, split_name)
     groups: list[list[Trajectory]] = []
     with PhaseProgress(f"eval {task.name}/{split_name} ({k} samples each)", len(examples),
                        unit="questions") as progress:
@@ -176,17 +186,20 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
     get_console().print(table)
     for name, m in results.items():
         extras = {key: m.get(key) for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",
-                                              "entropy/token_mean")}
+                                              "entropy/token_mean", *(key for key in m if key.startswith("answer/")))}
         get_console().print(f"{name}: " + ", ".join(f"{key} {'n/a' if v is None else f'{v:.3f}'}"
                                                     for key, v in extras.items()))
-        if m.get("by_hops"):
-            hops = Table(title=f"{name} per hop level")
-            for column in ("hops", "questions", "pass@1", "pass@k", "tools"):
-                hops.add_column(column, justify="right")
-            for level, h in m["by_hops"].items():
-                hops.add_row(level, str(h["num_questions"]), f"{h['pass@1']:.3f}", f"{h['pass@k']:.3f}",
-                             f"{h['tool_calls/mean']:.2f}")
-            get_console().print(hops)
+        for key, levels in m.items():
+            if key.startswith("by_") and levels:
+                field = key.removeprefix("by_")
+                scores = [score for score in next(iter(levels.values())) if score.startswith("answer/")]
+                table = Table(title=f"{name} per {field.removesuffix('s')} level")
+                for column in (field, "questions", "pass@1", "pass@k", "tools", *(s.split("/")[1] for s in scores)):
+                    table.add_column(column, justify="right")
+                for level, h in levels.items():
+                    table.add_row(level, str(h["num_questions"]), f"{h['pass@1']:.3f}", f"{h['pass@k']:.3f}",
+                                  f"{h['tool_calls/mean']:.2f}", *(f"{h[s]:.3f}" for s in scores))
+                get_console().print(table)
 
 
 def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = None,

@@ -36,6 +36,7 @@ class Panel:
 PANELS = (
     Panel("reward.png", "Reward (critic/score/mean)", ("critic/score/mean",)),
     Panel("pass_at_1.png", "Evaluation pass@1", ("eval/*/pass@1",)),
+    Panel("pass_at_1_by_level.png", "Evaluation pass@1 per level (by_hops, by_difficulty …)", ("eval_level/*/pass@1",)),
     Panel("entropy.png", "Policy entropy (actor/entropy)", ("actor/entropy",)),
     Panel("clip_fraction.png", "Clip fractions", ("actor/pg_clipfrac", "actor/pg_clipfrac_lower")),
     Panel("branching.png", "Tree rollout (§1.4)", ("rollout/branches_per_prompt", "rollout/largest_subtree_share")),
@@ -80,7 +81,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def read_eval_points(run_dir: str | Path, last_step: int) -> dict[int, dict[str, float]]:
-    """pass@1 from the run's ``eval.json`` (``{"sft": {...}, "rl": {...}}``) as points on the step axis.
+    """pass@1 from the run's ``eval.json`` (``{"sft": {...}, "rl": {...}}``) as points on the step axis,
+    and per level of each ``by_<field>`` breakdown (``eval_level/<task>/<split>/<field>=<level>/pass@1``).
 
     The SFT model's evaluation sits at step 0, the final RL evaluation at ``last_step``; a run
     without ``eval.json`` has none.
@@ -102,6 +104,14 @@ def read_eval_points(run_dir: str | Path, last_step: int) -> dict[int, dict[str,
                 points.setdefault(step, {})[f"eval/{key}/pass@1"] = float(result["pass@1"])
                 if _is_number(result.get("num_questions")):
                     points[step][f"eval/{key}/num_questions"] = int(result["num_questions"])
+                for field_key, levels in result.items():
+                    if field_key.startswith("by_") and isinstance(levels, dict):
+                        for level, level_result in levels.items():
+                            if isinstance(level_result, dict) and _is_number(level_result.get("pass@1")):
+                                name = f"eval_level/{key}/{field_key.removeprefix('by_')}={level}/"
+                                points[step][name + "pass@1"] = float(level_result["pass@1"])
+                                if _is_number(level_result.get("num_questions")):
+                                    points[step][name + "num_questions"] = int(level_result["num_questions"])
     return points
 
 
@@ -287,8 +297,9 @@ def report_main(runs: list[str], out_dir: str | None = None) -> int:
 
 
 def _question_count(records: list[dict], name: str) -> int | None:
-    """The question count of an evaluation metric ``eval/<task>/<split>/pass@1`` (from eval.json), else None."""
-    if not (name.startswith("eval/") and name.endswith("/pass@1")):
+    """The question count of an evaluation metric ``eval/<task>/<split>/pass@1`` or its per-level
+    ``eval_level/…/pass@1`` (from eval.json), else None."""
+    if not (name.startswith(("eval/", "eval_level/")) and name.endswith("/pass@1")):
         return None
     counts = [r[name.removesuffix("pass@1") + "num_questions"] for r in records
               if _is_number(r.get(name.removesuffix("pass@1") + "num_questions"))]

@@ -118,6 +118,42 @@ def exact_match_reward(response: str, answers: list[str], question: str = "") ->
     return float(is_exact_match(extract_answer(response), answers))
 
 
+ANSWER_SEP = ","
+"""The separator of an answer list (PhantomWiki's ``phantom_eval.constants.answer_sep``)."""
+
+
+def answer_set(text: str, sep: str = ANSWER_SEP) -> set[str]:
+    """An answer list as PhantomWiki normalises it (``phantom_eval.utils.normalize_pred``): split at ``sep``,
+    strip each part, lower-case, as a set (so ``""`` is ``{""}``)."""
+    return {part.strip().lower() for part in text.split(sep)}
+
+
+def answer_list_scores(prediction: str | None, answers: list[str], sep: str = ANSWER_SEP) -> dict[str, float]:
+    """PhantomWiki's scores of a predicted answer list against the gold list (``phantom_eval.score``, the gold
+    list joined with ``sep`` as its evaluation does): ``em`` (the two sets are equal), ``precision`` = |P∩T|/|P|,
+    ``recall`` = |P∩T|/|T|, ``f1`` their harmonic mean (0 when both are 0). An empty prediction on an empty
+    gold list scores 1; no prediction (no final answer) scores 0 everywhere."""
+    if prediction is None:
+        return {"em": 0.0, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    pred, true = answer_set(prediction, sep), answer_set(sep.join(answers), sep)
+    precision = len(pred & true) / len(pred)
+    recall = len(pred & true) / len(true)
+    f1 = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
+    return {"em": float(pred == true), "precision": precision, "recall": recall, "f1": f1}
+
+
+@register_reward("answer_list_em", binary=True)
+def answer_list_em_reward(response: str, answers: list[str], question: str = "") -> float:
+    r"""1 if the ``\boxed{}`` answer, a comma-separated list, is the gold list as a set (PhantomWiki's EM)."""
+    return answer_list_scores(extract_answer(response), answers)["em"]
+
+
+@register_reward("answer_list_f1")
+def answer_list_f1_reward(response: str, answers: list[str], question: str = "") -> float:
+    r"""F1 of the ``\boxed{}`` answer, a comma-separated list, against the gold list as sets (PhantomWiki's F1)."""
+    return answer_list_scores(extract_answer(response), answers)["f1"]
+
+
 @register_reward("math", binary=True)
 def math_reward(response: str, answers: list[str], question: str = "") -> float:
     r"""1 if the ``\boxed{}`` answer is mathematically equivalent to a gold answer (math-verify)."""

@@ -214,7 +214,7 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     assert "| grpo | 3 | -0.200 ± 0.248 | no | -0.233 ± 0.143 | yes |" in md  # pass@k: −0.3, −0.2, −0.2
     assert "| grpo | 3 | 2.000 ± 2.484 | no | 0.000 ± 0.000 | no |" in md  # Δtrain_tool_calls, Δtrain_decode_tokens
     out = capsys.readouterr().out
-    assert "compare: 3 seed(s) × 2 steps: outcomes" in out and "compare: 3 seed(s) × 2 steps: per hop level" in out
+    assert "compare: 3 seed(s) × 2 steps: outcomes" in out and "compare: 3 seed(s) × 2 steps: per level" in out
 
 
 def test_compare_main_evaluates_the_sft_model_once(fake_pipeline, tmp_path, capsys):

@@ -11,6 +11,7 @@ from aepo_rl.registry import TASKS, register_task
 from aepo_rl.tasks.base import Demonstration, Example, Task
 from aepo_rl.tasks.common import ToolOptions
 from aepo_rl.tasks.loaders import EVAL_SETS, FileTask
+from aepo_rl.tasks.phantomwiki import PhantomWikiTask
 from aepo_rl.tasks.reasoning_gym import ReasoningGymTask
 from aepo_rl.tasks.synthetic import SyntheticTask
 
@@ -33,6 +34,12 @@ def synthetic_task(cfg: Config) -> SyntheticTask:
 def reasoning_gym_task(cfg: Config) -> ReasoningGymTask:
     """A reasoning-gym generator, ``task.name=reasoning_gym:<generator>``."""
     return ReasoningGymTask(cfg.task, cfg.task.name.split(":", 1)[1], tool_options=ToolOptions.from_config(cfg))
+
+
+@register_task("phantomwiki")
+def phantomwiki_task(cfg: Config) -> PhantomWikiTask:
+    """PhantomWiki universes (``task.phantomwiki_*``; the ``[phantomwiki]`` extra), one per split."""
+    return PhantomWikiTask(cfg.task, tool_options=ToolOptions.from_config(cfg))
 
 
 @register_task("file", *EVAL_SETS)

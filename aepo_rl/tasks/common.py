@@ -36,6 +36,13 @@ def split_examples(task_name: str, splits: dict[str, list[Example]], split: str)
     return splits[split]
 
 
+def split_tools(task, split: str) -> dict[str, Tool]:
+    """The tools the questions of ``split`` use: the task's ``split_tools(split)`` when it has one (a task whose
+    held-out questions search a corpus of their own, as phantomwiki's universes), else its ``tools()``."""
+    own = getattr(task, "split_tools", None)
+    return own(split) if own is not None else task.tools()
+
+
 SANDBOX_TIMEOUT_SHARE = 0.8
 """The python sandbox's timeout as a share of ``rollout.tool_timeout``: the sandbox kills the code and
 reports the timeout itself before the rollout stops waiting for the call."""
@@ -80,22 +87,24 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
                 allowed: tuple[str, ...] = ("search", "python"), options: ToolOptions | None = None,
                 search_perturb=None) -> dict[str, Tool]:
     """Tools by tag. Search queries ``task_cfg.search_url`` when set, else an in-process BM25 index
-    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus;
-    ``search_perturb`` rewrites its hits (the search tool's ``perturb``).
+    over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus; each hit
+    shows ``task_cfg.search_max_chars`` characters; ``search_perturb`` rewrites its hits (the search tool's ``perturb``).
     ``options`` default to those of the default :class:`Config`."""
     options = options or ToolOptions.from_config(Config())
     tools: dict[str, Tool] = {}
-    perturb = {"perturb": search_perturb} if search_perturb else {}  # a re-registered "search" need not take it
+    search = {"perturb": search_perturb} if search_perturb else {}  # a re-registered "search" need not take
+    if task_cfg.search_max_chars != TaskConfig.search_max_chars:  # these, unless they are set
+        search["max_chars"] = task_cfg.search_max_chars
     if "search" in allowed:
         if task_cfg.search_url:
-            tools["search"] = get_tool("search", url=task_cfg.search_url, topk=task_cfg.search_topk, **perturb)
+            tools["search"] = get_tool("search", url=task_cfg.search_url, topk=task_cfg.search_topk, **search)
         else:
             source = task_cfg.corpus or corpus
             if source is None:
                 raise ConfigError(f"task '{task_cfg.name}' uses the search tool but has no corpus: "
                                  "set task.corpus=<corpus.jsonl | wiki> or task.search_url=<server URL>")
             tools["search"] = get_tool("search", corpus=source, topk=task_cfg.search_topk, cache_dir=options.cache_dir,
-                                       **perturb)
+                                       **search)
     if "python" in allowed:
         tools["python"] = python_tool(options)
     return tools

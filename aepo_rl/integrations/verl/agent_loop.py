@@ -128,19 +128,22 @@ _TOOLS: dict[str, dict] = {}
 _TOOLS_LOCK = threading.Lock()
 
 
-def loop_tools(settings: AEPOLoopSettings) -> dict:
-    """The task's tools by tag, built once per process and settings (the synthetic task's search index
-    is not free); only the tags of ``custom.aepo.tools`` when it is set."""
+def loop_tools(settings: AEPOLoopSettings, split: str = "train") -> dict:
+    """The task's tools by tag for the questions of ``split`` (:func:`aepo_rl.tasks.common.split_tools`: the
+    validation loop's questions are the task's dev split, which phantomwiki searches in its own universe),
+    built once per process, settings and split (the synthetic task's search index is not free); only the tags
+    of ``custom.aepo.tools`` when it is set."""
     from aepo_rl.tasks import get_task
+    from aepo_rl.tasks.common import split_tools
 
     task, tags = settings.task, settings.tools
     knobs = {f"rollout.{name}": getattr(settings.rollout, name)
              for name in ("tool_timeout", "tool_workers", "sandbox_write_mb", "sandbox_isolation")}
-    key = repr((sorted(asdict(task).items()), tags, sorted(knobs.items())))
+    key = repr((sorted(asdict(task).items()), tags, sorted(knobs.items()), split))
     with _TOOLS_LOCK:
         if key not in _TOOLS:
             cfg = load_config("aepo", None, {**{f"task.{name}": value for name, value in asdict(task).items()}, **knobs})
-            tools = get_task(cfg).tools()
+            tools = split_tools(get_task(cfg), split)
             if tags is not None:
                 missing = [t for t in tags if t not in tools]
                 if missing:
@@ -425,7 +428,8 @@ class _AEPOLoopBase(AgentLoopBase):
         def grow():
             t0 = time.perf_counter()
             try:
-                result = run_rollout(engine, [(uid, prompt_ids)], loop_tools(self.settings), self.settings.rollout,
+                tools = loop_tools(self.settings, "dev" if self.validation else "train")
+                result = run_rollout(engine, [(uid, prompt_ids)], tools, self.settings.rollout,
                                      validation=self.validation, sampling=params, seed=seed)
             except BaseException:
                 engine.close()

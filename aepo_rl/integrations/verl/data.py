@@ -4,12 +4,15 @@ Rows follow verl's RL schema (docs/architecture.md, Contracts): ``data_source``,
 messages, the tool protocol's system message first), ``ability``, ``reward_model`` = {style,
 ground_truth}, ``extra_info`` = {index, split, id, question, reward}, and ``agent_name``:
 ``aepo_tree`` for train.parquet, ``aepo_chain`` for val.parquet. The task is any aepo task scored by a
-registered reward: the built-in ``synthetic`` world, user files (``task.name=file
-task.train_files=[...]``) or an evaluation set.
+registered reward: the built-in ``synthetic`` world, PhantomWiki, user files (``task.name=file
+task.train_files=[...]``) or an evaluation set. A task whose splits search corpora of their own
+(phantomwiki: one universe per split) also gets ``corpus_train.jsonl`` and ``corpus_val.jsonl``, the
+documents its agent loops search (``aepo serve-search --corpus`` serves one).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -80,13 +83,22 @@ def write_verl_data(cfg: Config, out_dir: str | Path) -> dict[str, Path]:
         rows = [verl_row(e, i, stem, reward, agent) for i, e in enumerate(examples)]
         paths[stem] = out / f"{stem}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), paths[stem])
+        if hasattr(task, "corpus"):
+            paths[f"corpus_{stem}"] = out / f"corpus_{stem}.jsonl"
+            docs = task.corpus(split)
+            paths[f"corpus_{stem}"].write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs),
+                                               encoding="utf-8")
     return paths
 
 
 def verl_data_main(cfg: Config, out_dir: str) -> int:
     paths = write_verl_data(cfg, out_dir)
     for stem, path in paths.items():
-        print(f"{path}: {stem} split, agent_name={SPLITS[stem][1]}")
+        if stem in SPLITS:
+            print(f"{path}: {stem} split, agent_name={SPLITS[stem][1]}")
+        else:
+            print(f"{path}: the search corpus of the {stem.removeprefix('corpus_')} split's questions "
+                  f"(aepo serve-search --corpus {path})")
     print("add to your main_ppo command (the agent loop builds the same task's tools):")
     for line in task_overrides(cfg):
         print(f"  {line}")
