@@ -257,7 +257,9 @@ class TrainerConfig:
     device: str = knob("auto", "Device of the policy, the reference model, every training batch and the HF engine's "
                                "caches and sampler: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N "
                                "(docs/gpu.md).")
-    eval_every: int = knob(0, "Evaluate every k steps (0 = only before and after).", ge=0)
+    eval_every: int = knob(20, "Evaluate every k RL steps too, so the pass@1 curve has points between its ends (0 = only "
+                               "before and after RL); each evaluation restores the random states it drew from, so "
+                               "it changes the run's time, not its training.", ge=0)
     save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
     keep_checkpoints: int = knob(2, "Keep only the newest k step checkpoints (the SFT model is always kept).", ge=1)
     max_gen_batches: int = knob(3, "DAPO dynamic sampling: most rollout batches per step to refill dropped groups (§4; verl max_num_gen_batches).", ge=1)
