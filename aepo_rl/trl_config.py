@@ -33,7 +33,6 @@ NO_EFFECT: dict[str, str] = {
     "per_device_eval_batch_size": "evaluation runs eval.batch_size questions per rollout call",
     "eval_strategy": "evaluations follow eval_steps (trainer.eval_every)",
     "save_strategy": "checkpoints follow save_steps (trainer.save_every)",
-    "optim": "the optimizer is torch's AdamW",
     "overwrite_output_dir": "AEPOTrainer(overwrite_output_dir=True)",
     "remove_unused_columns": "every column reaches the reward functions",
     "dataloader_num_workers": "rows are read in memory", "dataloader_pin_memory": "rows are read in memory",
@@ -53,7 +52,7 @@ AEPO_FIELDS = {"aepo_sg_upper_clip": "algorithm.sg_upper_clip", "aepo_entropy_ad
 """``AEPOGRPOConfig``'s AEPO keys (aepo_rl.integrations.trl) → this trainer's."""
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                 "generation_batch_size")
-TRANSLATED = ("beta", "report_to", "loss_type", "scale_rewards", "lr_scheduler_type", "warmup_ratio", "use_vllm",
+TRANSLATED = ("beta", "report_to", "optim", "loss_type", "scale_rewards", "lr_scheduler_type", "warmup_ratio", "use_vllm",
               "vllm_mode", "vllm_gpu_memory_utilization", "vllm_max_model_length", "use_cpu", "reward_weights",
               "project", *BATCH_FIELDS, *AEPO_FIELDS)
 """Fields mapped by a translation rather than one key."""
@@ -147,6 +146,10 @@ def _translate(values: dict[str, Any], out: Mapped, steps: int, n: int) -> None:
         set_["trainer.tensorboard"] = "tensorboard" in report
         set_["trainer.wandb_project"] = (values.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface") \
             if "wandb" in report else None
+    if "optim" in values:
+        optim = str(getattr(values["optim"], "value", values["optim"]))
+        if not optim.startswith("adamw_torch"):
+            refused["optim"] = f"{optim!r}: the optimizer here is torch's AdamW (adamw_torch, adamw_torch_fused)"
     if "loss_type" in values:
         if values["loss_type"] in LOSS_TYPES:
             set_["algorithm.loss_agg_mode"] = LOSS_TYPES[values["loss_type"]]

@@ -81,6 +81,9 @@ def test_trl_keyword_arguments_that_cannot_be_honoured_are_refused_together_with
     assert [line.split("=")[0].strip() for line in lines] == \
         ["max_steps", "report_to", "scale_rewards", "lr_scheduler_type", "per_device_train_batch_size"], lines
     assert "must both be multiples of num_generations=3" in lines[-1]
+    with pytest.raises(TypeError, match=r"optim='sgd': the optimizer here is torch's AdamW"):
+        AEPOTrainer(optim="sgd")
+    AEPOTrainer(optim="adamw_torch_fused")
 
 
 def test_args_takes_a_grpo_config_and_maps_what_the_user_set(tmp_path, capsys):
