@@ -36,11 +36,11 @@ from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.sft_data import load_sft_data
-from aepo_rl.trl_config import Mapped, explicit_fields, known, map_trl_args
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
                                     _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
                                     before_after_table, check_rl_engine, evaluate_model, load_run_config, new_run_dir,
                                     resume_config, run_rl_stage, run_started, run_sft_stage, write_plots)
+from aepo_rl.trl_config import Mapped, explicit_fields, known, map_trl_args
 
 DATASET_RUN = "dataset_run.json"
 """In a run folder made from Python datasets: their row counts, the reward functions and the tools, which
@@ -417,7 +417,7 @@ def _apply_trl_args(cfg: Config, args, trl_args: dict[str, Any], overrides: dict
             hint = f"; did you mean {match[0]!r}?" if match else (
                 "; config keys go in overrides={'section.key': value} (`aepo config show` lists them)")
             raise TypeError(f"AEPOTrainer got an unexpected keyword argument {name!r}{hint}")
-    values, left = explicit_fields(args) if args is not None else ({}, [])
+    values, left = explicit_fields(args) if args is not None else ({}, {})
     values.pop("output_dir", None)
     values.update(trl_args)
     if not values:
@@ -433,7 +433,8 @@ def _apply_trl_args(cfg: Config, args, trl_args: dict[str, Any], overrides: dict
         set_key(cfg, key, value)
     carry_mini_batch(cfg, "trainer.mini_batch_size" in {**(overrides or {}), **mapped.overrides})
     validate(cfg)
-    notes = [f"TRL's arguments set {', '.join(f'{k}={v!r}' for k, v in mapped.overrides.items())}"]
+    notes = [f"TRL's arguments set {', '.join(f'{k}={v!r}' for k, v in mapped.overrides.items())}"] \
+        if mapped.overrides else []
     notes += mapped.notes
     ours = {name: _lookup(to_dict(cfg), key) for name, key in TRL_ALIASES.items() if name in left}
     kept = [f"{name} {left[name]!r} (here {TRL_ALIASES[name]}={value!r})" for name, value in ours.items()
