@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aepo_rl.config import (TRL_ALIASES, TRL_NEAR, Config, ConfigError, load_config, set_key, to_dict, to_yaml,
-                            validate)
+from aepo_rl.config import (TRL_ALIASES, Config, ConfigError, carry_mini_batch, load_config, set_key, to_dict,
+                            to_yaml, validate)
 from aepo_rl.hf_callbacks import HFCallback, is_hf_callback
 from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
@@ -40,6 +40,7 @@ from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, 
                                     _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
                                     before_after_table, check_rl_engine, evaluate_model, load_run_config, new_run_dir,
                                     resume_config, run_rl_stage, run_started, run_sft_stage, write_plots)
+from aepo_rl.trl_config import Mapped, explicit_fields, known, map_trl_args
 
 DATASET_RUN = "dataset_run.json"
 """In a run folder made from Python datasets: their row counts, the reward functions and the tools, which
@@ -145,18 +146,23 @@ class AEPOTrainer:
 
     TRL's habits: ``model`` may be a loaded ``transformers`` model with its tokenizer as
     ``processing_class`` (both are saved into the run folder, which trains from that copy);
-    TRL's argument names with an exact counterpart (:data:`aepo_rl.config.TRL_ALIASES`:
-    ``learning_rate``, ``num_generations``, ``max_completion_length``, …) are accepted as keyword
-    arguments; a run folder that already holds a run is continued with
+    ``args=GRPOConfig(...)`` (or a dict of TRL's names) and TRL's argument names as keyword arguments
+    (``learning_rate``, ``num_generations``, ``beta``, ``report_to``, …) become config keys, and what
+    cannot be honoured is refused naming each field (:mod:`aepo_rl.trl_config`; keyword arguments win
+    over ``args``); a run folder that already holds a run is continued with
     ``train(resume_from_checkpoint=True)`` or replaced with ``overwrite_output_dir=True``.
     """
 
-    def __init__(self, config: Config | str | None = None, *, train_dataset=None, eval_dataset=None,
+    def __init__(self, config: Config | str | None = None, *, args=None, train_dataset=None, eval_dataset=None,
                  reward_funcs=None, reward_weights=None, tools=None, callbacks=None, model=None,
                  processing_class=None, output_dir: str | Path | None = None, overwrite_output_dir: bool = False,
                  overrides: dict[str, Any] | None = None, sft_dataset=None, **trl_args):
         cfg = _build_config(config, overrides)
-        _apply_trl_args(cfg, trl_args)
+        trl = _apply_trl_args(cfg, args, trl_args, overrides)
+        if output_dir is None and args is not None:  # TRL's run folder is GRPOConfig.output_dir
+            output_dir = args.get("output_dir") if isinstance(args, dict) else getattr(args, "output_dir", None)
+        if reward_weights is None:
+            reward_weights = trl.reward_weights
         if isinstance(sft_dataset, (str, Path)):  # a file: sft.data, so config.yaml names it
             set_key(cfg, "sft.data", [str(sft_dataset)])
             sft_dataset = None
@@ -399,21 +405,44 @@ def _flat_keys(data: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def _apply_trl_args(cfg: Config, trl_args: dict[str, Any]) -> None:
-    """TRL's names of our keys (:data:`TRL_ALIASES`) set those keys, each with a note; TRL's names without an exact
-    counterpart and anything else are refused, naming what to use."""
-    for name, value in trl_args.items():
-        if name in TRL_ALIASES:
-            set_key(cfg, TRL_ALIASES[name], value)
-            get_console().print(f"[dim]{name}={value!r}: TRL's name, set as {TRL_ALIASES[name]}[/]")
-        elif name in TRL_NEAR:
-            raise TypeError(f"AEPOTrainer: TRL's {name} has no exact counterpart here: {TRL_NEAR[name]}")
-        else:
-            known = [p for p in inspect.signature(AEPOTrainer.__init__).parameters if p not in ("self", "trl_args")]
-            match = difflib.get_close_matches(name, known + list(TRL_ALIASES), n=1, cutoff=0.6)
+def _apply_trl_args(cfg: Config, args, trl_args: dict[str, Any], overrides: dict | None) -> Mapped:
+    """TRL's training arguments (``args``, a ``GRPOConfig`` or a dict, then the keyword arguments ``trl_args``) set
+    config keys (:func:`aepo_rl.trl_config.map_trl_args`), with one note naming what was set, what has no effect
+    and which of ``args``' TRL defaults were left to the preset. Everything that cannot be honoured is refused at
+    once, each with its reason; a keyword argument that is no TRL name gets a suggestion."""
+    for name in trl_args:
+        if not known(name):
+            known_names = [p for p in inspect.signature(AEPOTrainer.__init__).parameters if p not in ("self", "trl_args")]
+            match = difflib.get_close_matches(name, known_names + list(TRL_ALIASES), n=1, cutoff=0.6)
             hint = f"; did you mean {match[0]!r}?" if match else (
                 "; config keys go in overrides={'section.key': value} (`aepo config show` lists them)")
             raise TypeError(f"AEPOTrainer got an unexpected keyword argument {name!r}{hint}")
+    values, left = explicit_fields(args) if args is not None else ({}, {})
+    values.pop("output_dir", None)
+    values.update(trl_args)
+    if not values:
+        return Mapped()
+    mapped = map_trl_args(values, steps=cfg.trainer.steps, n=cfg.rollout.n)
+    if mapped.refused:
+        where = "args and keyword arguments" if args is not None and trl_args else "args" if args is not None else \
+            "keyword arguments"
+        raise TypeError(f"AEPOTrainer: TRL {where} that aepo-rl cannot honour (set them back to TRL's default, or "
+                        "use what each names; docs/python-api.md, \"Coming from TRL\"):\n"
+                        + "\n".join(f"  {name}={reason}" for name, reason in mapped.refused.items()))
+    for key, value in mapped.overrides.items():
+        set_key(cfg, key, value)
+    carry_mini_batch(cfg, "trainer.mini_batch_size" in {**(overrides or {}), **mapped.overrides})
+    validate(cfg)
+    notes = [f"TRL's arguments set {', '.join(f'{k}={v!r}' for k, v in mapped.overrides.items())}"] \
+        if mapped.overrides else []
+    notes += mapped.notes
+    ours = {name: _lookup(to_dict(cfg), key) for name, key in TRL_ALIASES.items() if name in left}
+    kept = [f"{name} {left[name]!r} (here {TRL_ALIASES[name]}={value!r})" for name, value in ours.items()
+            if value != left[name] and not (value == 0 and left[name] is None)]
+    if kept:
+        notes.append(f"left at TRL's defaults, so the preset's values stand: {', '.join(kept)}")
+    get_console().print("[dim]" + "; ".join(notes) + "[/]")
+    return mapped
 
 
 def _model_object(model, processing_class):

@@ -98,6 +98,9 @@ LOGGED_MEANS = ("actor/pg_clipfrac", "actor/pg_clipfrac_*", "actor/grad_preserve
 """Metrics of metrics.jsonl (patterns as in ``aepo report``: ``*`` matches any non-empty text) that become a
 column of their own name in "rollouts and entropy", the mean over the run's steps, when some run logged
 them: extend this tuple to compare a new training metric."""
+TREE_ONLY = ("branches", "largest_subtree", "rollout/consecutive_branch_mean", "rollout/consecutive_branch_share/*")
+"""Columns that only a tree rollout can move: an arm with ``rollout.mode=independent`` (GRPO) never branches, so
+its value is 0 by construction and a paired difference with it tests nothing ("separated" says so)."""
 DRIFT_WINDOWS = (10, 20)
 """entropy_drift: mean of the last 20 steps − mean of the first 10."""
 SFT_ROW_NOTE = "**sft**: the shared SFT checkpoint before RL, evaluated once like the runs (–: an RL-only column)"
@@ -355,6 +358,7 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str,
     reference differ" (an interval holding 0 does not separate them).
     """
     ref = {row["seed_index"]: row for row in runs[reference]}
+    chains = {arm for arm, rows in runs.items() if any(row.get("tree") is False for row in rows)}
     out = {}
     for arm, rows in runs.items():
         if arm == reference:
@@ -363,11 +367,19 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], reference: str,
         out[arm] = {c.name: mean_ci95([None if a.get(c.name) is None or b.get(c.name) is None else a[c.name] - b[c.name]
                                        for a, b in pairs])
                     for c in columns}
+        cannot = [name for name in (arm, reference) if name in chains]
+        for c in columns:
+            if cannot and any(_pattern_regex(p).fullmatch(c.name) for p in TREE_ONLY):
+                out[arm][c.name] = {**out[arm][c.name], "ci95": None,
+                                    "undefined": f"{' and '.join(cannot)} never branches (rollout.mode=independent)"}
     return out
 
 
 def separates(stat: dict[str, Any] | None) -> str:
-    """"yes" when the 95% interval excludes 0, "no" when it holds it, "–" without an interval."""
+    """"yes" when the 95% interval excludes 0, "no" when it holds it, "–" without an interval, "n/a (no tree)" for a
+    tree-only column (:data:`TREE_ONLY`) against an arm that never branches."""
+    if stat is not None and stat.get("undefined"):
+        return "n/a (no tree)"
     if stat is None or stat["mean"] is None or stat["ci95"] is None:
         return "–"
     return "yes" if abs(stat["mean"]) > stat["ci95"] else "no"
@@ -381,7 +393,8 @@ def _tables(columns: list[Column]) -> list[tuple[str, list[Column]]]:
 def paired_table(diffs: dict[str, dict[str, dict[str, Any]]], reference: str, columns: list[Column]) -> str:
     """Markdown: one table per :data:`TABLES` entry, a row per arm, Δ and "separated" per column."""
     lines = [f"Paired differences, arm − {reference}, over the seed indices both ran (same SFT model, data order "
-             f"and sampling seed); 'separated': the 95% interval excludes 0."]
+             f"and sampling seed); 'separated': the 95% interval excludes 0; 'n/a (no tree)': a branching metric "
+             "against an arm that never branches (rollout.mode=independent), 0 by construction, so nothing to test."]
     for title, cols in _tables(columns):
         lines += ["", f"{title[0].upper()}{title[1:]}:", "",
                   "| arm | pairs | " + " | ".join(f"Δ{c.name} | separated" for c in cols) + " |",
@@ -549,6 +562,7 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
                 atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
                 eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
             runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
+                               "tree": run_cfg.rollout.mode != "independent",
                                **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
             run_dirs.append(run_dir)
             progress.advance(info=f"{name} seed {index} done")

@@ -271,7 +271,8 @@ class SFTConfig:
 class TrainerConfig:
     steps: int = knob(80, "RL steps (§5; release 80).", ge=0)
     batch_size: int = knob(8, "Prompts per RL step (§2.4; release 64).", ge=1)
-    mini_batch_size: int = knob(4, "Prompts per optimizer step (§2.4; release 8).", ge=1)
+    mini_batch_size: int = knob(4, "Prompts per optimizer step (§2.4; release 8). Left unset, it follows a smaller "
+                                   "trainer.batch_size down (one optimizer step per RL step).", ge=1)
     micro_batch_size: int = knob(16, "Sequences per forward/backward (gradient accumulation bounds memory).", ge=1)
     ppo_epochs: int = knob(1, "Passes over each RL batch (§2.4; release 1).", ge=1)
     lr: float = knob(1e-4, "AdamW learning rate (release 1e-6 for 14B models).", gt=0)
@@ -283,7 +284,9 @@ class TrainerConfig:
     device: str = knob("auto", "Device of the policy, the reference model, every training batch and the HF engine's "
                                "caches and sampler: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N "
                                "(docs/gpu.md).")
-    eval_every: int = knob(0, "Evaluate every k steps (0 = only before and after).", ge=0)
+    eval_every: int = knob(20, "Evaluate every k RL steps too, so the pass@1 curve has points between its ends (0 = only "
+                               "before and after RL); each evaluation restores the random states it drew from, so "
+                               "it changes the run's time, not its training.", ge=0)
     save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
     keep_checkpoints: int = knob(2, "Keep only the newest k step checkpoints (the SFT model is always kept).", ge=1)
     max_gen_batches: int = knob(3, "DAPO dynamic sampling: most rollout batches per step to refill dropped groups (§4; verl max_num_gen_batches).", ge=1)
@@ -526,7 +529,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"trainer.device={cfg.trainer.device!r} is not allowed; choose one of {list(DEVICES)} "
                           "(N = a GPU index, e.g. cuda:1)")
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
-        raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
+        raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size="
+                          f"{cfg.trainer.batch_size}: lower trainer.mini_batch_size, or leave it unset (it then follows "
+                          "a smaller trainer.batch_size)")
     if cfg.task.min_hops > cfg.task.max_hops:
         raise ConfigError(f"task.min_hops={cfg.task.min_hops} must be <= task.max_hops={cfg.task.max_hops}: "
                           f"raise task.max_hops or lower task.min_hops")
@@ -574,6 +579,7 @@ def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
     cfg = Config(preset=preset)
     for key, value in PRESETS[preset].items():
         set_key(cfg, key, value)
+    data: dict = {}
     if yaml_path is not None:
         path = Path(yaml_path)
         if not path.is_file():
@@ -595,7 +601,17 @@ def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
         set_key(cfg, key, value)
+    in_yaml = "trainer.mini_batch_size" in data or "mini_batch_size" in (data.get("trainer") or {})
+    carry_mini_batch(cfg, in_yaml or "trainer.mini_batch_size" in (overrides or {}))
     return validate(cfg)
+
+
+def carry_mini_batch(cfg: Config, given: bool) -> None:
+    """``trainer.batch_size`` below ``trainer.mini_batch_size`` that the user did not set (``given``: they did; the
+    preset's value does not count): the mini-batch follows it down, one optimizer step per RL step. A mini-batch the
+    user set stays, and :func:`validate` names the conflict."""
+    if not given and cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
+        cfg.trainer.mini_batch_size = cfg.trainer.batch_size
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

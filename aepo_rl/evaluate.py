@@ -125,17 +125,19 @@ def efficiency(records: list[dict[str, Any]]) -> dict[str, float | None]:
     over the correct samples of questions with ``extra_info["min_tool_calls"]`` of calls − that minimum
     (the teacher's searches + its python call). ``entropy/token_mean``: mean entropy of the model's own
     tokens (loss mask 1; tool results excluded) over all samples, each token once: the engine's
-    per-token entropy (the full entropy for the HF engine).
+    per-token entropy (the full entropy for the HF engine); None when the engine reported none (a server
+    that returns no log-probs: its entropies are NaN), not NaN shown as a number.
     """
     samples = [s for r in records for s in r["samples"]]
     calls, correct = sum(s["tool_calls"] for s in samples), sum(s["correct"] for s in samples)
     excess = [s["tool_calls"] - r["min_tool_calls"] for r in records if r["min_tool_calls"] is not None
               for s in r["samples"] if s["correct"]]
     tokens = sum(s["model_tokens"] for s in samples)
+    entropy = math.fsum(s["entropy_sum"] for s in samples) / tokens if tokens else None
     return {"calls_per_correct": calls / correct if correct else None,
             "tool_productivity": correct / calls if calls else None,
             "excess_calls/mean": _mean(excess) if excess else None,
-            "entropy/token_mean": math.fsum(s["entropy_sum"] for s in samples) / tokens if tokens else None}
+            "entropy/token_mean": entropy if entropy is not None and math.isfinite(entropy) else None}
 
 
 def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_name: str,
@@ -187,7 +189,8 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
     for name, m in results.items():
         extras = {key: m.get(key) for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",
                                               "entropy/token_mean", *(key for key in m if key.startswith("answer/")))}
-        get_console().print(f"{name}: " + ", ".join(f"{key} {'n/a' if v is None else f'{v:.3f}'}"
+        unset = {"entropy/token_mean": "unavailable (the engine returned no log-probs)"}
+        get_console().print(f"{name}: " + ", ".join(f"{key} {unset.get(key, 'n/a') if v is None else f'{v:.3f}'}"
                                                     for key, v in extras.items()))
         for key, levels in m.items():
             if key.startswith("by_") and levels:

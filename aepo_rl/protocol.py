@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,13 +81,19 @@ def _last_body(text: str, open_tag: str, close_tag: str) -> str:
 
 
 class Protocol:
-    """The protocol for the tools in use (``tools``: tool by tag, as a task's ``tools()`` gives them)
-    in format ``fmt`` ("xml" | "hermes"). Tools are read for ``name``, ``tag``, ``description`` and
-    the optional ``argument`` / ``usage``; classes work as well as instances."""
+    """The protocol for the tools in use (``tools``: tool by tag, as a task's ``tools()`` gives them, or a
+    list of tools, as ``TreeRolloutFunc`` takes them) in format ``fmt`` ("xml" | "hermes"). Tools are read
+    for ``name``, ``tag``, ``description`` and the optional ``argument`` / ``usage``; classes work as well
+    as instances."""
 
-    def __init__(self, tools: Mapping[str, Any], fmt: str = "xml"):
+    def __init__(self, tools: Mapping[str, Any] | Sequence[Any], fmt: str = "xml"):
         if fmt not in FORMATS:
             raise ValueError(f"unknown rollout.tool_format '{fmt}' (xml | hermes)")
+        if not isinstance(tools, Mapping):
+            if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+                raise TypeError(f"Protocol(tools): give a list of tools or a dict of them by tag, got "
+                                f"{type(tools).__name__} (get_tool('search', ...) builds a registered one)")
+            tools = {getattr(tool, "tag", None) or getattr(tool, "name", ""): tool for tool in tools}
         for key, tool in tools.items():
             if not _TAG_NAME.fullmatch(key) or key in RESERVED_TAGS:
                 raise ValueError(f"tool '{getattr(tool, 'name', key)}' cannot use the tag <{key}>: a tag is a letter "

@@ -44,6 +44,10 @@ PANELS = (
     Panel("response_length.png", "Response length (tokens)", ("response_length/mean",)),
 )
 
+EVAL_LINE_MIN_POINTS = 4
+"""Evaluations (pass@1 with its interval) are joined by a line from this many points on; fewer are drawn as
+points only, so two evaluations do not read as steady progress between them (``trainer.eval_every`` adds
+points between the ends)."""
 SMOOTH_MIN_POINTS, SMOOTH_WINDOW = 30, 10
 """A series of at least this many steps (a noisy per-step metric) is drawn faint, with its trailing
 mean over this many steps on top."""
@@ -231,8 +235,11 @@ def plot_records(runs: dict[str, list[dict]], out_dir: str | Path) -> list[Path]
                     label = run if name == metric else f"{run}: {name}"
                     count = _question_count(runs[run], name)
                     if count:
+                        joined = len(steps) >= EVAL_LINE_MIN_POINTS
                         ax.errorbar(steps, values, yerr=[pass1_halfwidth(v, count) for v in values], marker="o",
-                                    markersize=3, capsize=3, label=f"{label} ({count} questions, 95% interval)")
+                                    markersize=3 if joined else 5, capsize=3, linestyle="-" if joined else "none",
+                                    label=f"{label} ({count} questions, 95% interval; {len(steps)} evaluation"
+                                          f"{'s' if len(steps) > 1 else ''})")
                         continue
                     if len(steps) < SMOOTH_MIN_POINTS:
                         ax.plot(steps, values, marker="o", markersize=3, label=label)

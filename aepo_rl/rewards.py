@@ -335,7 +335,24 @@ def reward_function(name: str, *, judge_url: str | None = None, judge_model: str
 
     score.__name__ = score.__qualname__ = name
     score.binary = REWARDS.capabilities(name)["binary"]
+    score.reads_answer = True
     return score
+
+
+GOLD_COLUMNS = ("answer", "ground_truth", "reward_model", "solution")
+"""Columns that hold a row's gold answer: a reward function that names one as a parameter reads it."""
+
+
+def reads_answer(fn) -> bool:
+    """Whether reward function ``fn`` reads the row's gold answer: a registered reward does; a function does when
+    it names a gold column (:data:`GOLD_COLUMNS`) as a parameter (one reading it from ``**kwargs`` cannot be told,
+    and gets a KeyError naming the column when a row has none)."""
+    if getattr(fn, "reads_answer", False):
+        return True
+    try:
+        return any(name in GOLD_COLUMNS for name in inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return True
 
 
 class RewardSetupError(UserError, ValueError):
@@ -416,6 +433,10 @@ class WeightedRewards:
         if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
             raise RewardSetupError(f"reward_weights must be finite numbers, got {weights}")
         self.weights = [float(w) for w in weights]
+
+    def reads_answer(self) -> list[str]:
+        """The functions that read the rows' gold answer (:func:`reads_answer`), by name."""
+        return [name for name, fn in zip(self.names, self.funcs) if reads_answer(fn)]
 
     @property
     def binary(self) -> bool:

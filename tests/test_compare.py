@@ -93,9 +93,13 @@ def test_parse_arm_rejects_bad_specs(text, message):
 def test_arm_names_must_differ_and_a_bad_arm_config_names_its_arm():
     with pytest.raises(ConfigError, match="arm name\\(s\\) grpo given twice"):
         arm_configs(load_config(), [Arm("grpo", "grpo"), Arm("grpo", "arpo")], steps=1)
-    cfg = load_config(overrides=["trainer.mini_batch_size=4"])
+    cfg = load_config()
     with pytest.raises(ConfigError, match="arm small \\(preset grpo .*mini_batch_size=4 must be <= trainer.batch_size=2"):
-        arm_configs(cfg, [Arm("grpo", "grpo"), Arm("small", "grpo", {"trainer.batch_size": 2})], steps=1)
+        arm_configs(cfg, [Arm("grpo", "grpo"), Arm("small", "grpo", {"trainer.batch_size": 2,
+                                                                       "trainer.mini_batch_size": 4})], steps=1)
+    # an arm that only lowers the batch carries the mini-batch down with it (the user did not set it)
+    small = arm_configs(cfg, [Arm("small", "grpo", {"trainer.batch_size": 2})], steps=1)[("small", 0)]
+    assert (small.trainer.batch_size, small.trainer.mini_batch_size) == (2, 2)
 
 
 def test_entropy_drift_is_a_difference_of_windows():
@@ -469,3 +473,22 @@ def test_logged_training_metrics_become_columns(tmp_path):
     assert names == ["entropy_drift", "entropy_unique_drift", "actor/pg_clipfrac", "actor/pg_clipfrac_high_entropy",
                      "rollout/entropy_leverage"]
     assert row["train_tool_calls"] is None and "train_tool_calls" not in [c.name for c in columns_of([row])]
+
+
+def test_a_branching_metric_against_an_arm_that_never_branches_is_not_separated():
+    from aepo_rl.compare import COLUMNS, columns_of, paired_differences, paired_table, separates
+
+    def row(i, tree, share):
+        return {"seed_index": i, "tree": tree, "pass@1": 0.5 + 0.01 * i + (0.2 if tree else 0.0), "branches": share,
+                "rollout/consecutive_branch_share/l0": share}
+
+    runs = {"grpo": [row(i, False, 0.0) for i in range(2)], "aepo": [row(i, True, 0.3 + 0.01 * i) for i in range(2)]}
+    columns = columns_of([r for rows in runs.values() for r in rows])
+    diffs = paired_differences(runs, "grpo", columns)
+    assert separates(diffs["aepo"]["pass@1"]) == "yes"  # measured on both: a real difference
+    for name in ("branches", "rollout/consecutive_branch_share/l0"):
+        assert separates(diffs["aepo"][name]) == "n/a (no tree)", name
+        assert diffs["aepo"][name]["undefined"] == "grpo never branches (rollout.mode=independent)"
+    assert "| aepo | 2 |" in paired_table(diffs, "grpo", columns) and len(columns) < len(COLUMNS) + 2
+    trees = {"a": [row(i, True, 0.1 * i) for i in range(2)], "b": [row(i, True, 0.3) for i in range(2)]}
+    assert separates(paired_differences(trees, "b", columns)["a"]["branches"]) != "n/a (no tree)"

@@ -15,7 +15,7 @@ from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.openai import OpenAIEngine, top_k_proxy
 from aepo_rl.engines.vllm import vllm_available
-from aepo_rl.errors import MissingExtraError
+from aepo_rl.errors import EndpointError, MissingExtraError
 
 TOP = {"token_id:1": -0.5, "token_id:2": -1.5, "token_id:3": -2.5}
 """The fake server's top_logprobs at every position."""
@@ -140,7 +140,7 @@ def test_unreachable_server_names_the_url(tiny_tokenizer):
 def test_server_error_is_reported(tiny_tokenizer):
     client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(500, text="model crashed")))
     engine = OpenAIEngine("http://fake/v1", "policy", tiny_tokenizer, http_client=client)
-    with pytest.raises(RuntimeError, match="http://fake/v1/completions answered HTTP 500: model crashed"):
+    with pytest.raises(EndpointError, match="http://fake/v1/completions answered HTTP 500: model crashed"):
         engine.generate([engine.add_sequence([5])], SamplingParams(), [3])
 
 
@@ -157,3 +157,68 @@ def test_build_engine_dispatch(tiny_model, tiny_tokenizer):
         cfg.rollout.engine = "vllm"
         with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[vllm\]"'):
             build_engine(cfg, tiny_model, tiny_tokenizer)
+
+
+class StrictServer:
+    """A strict OpenAI-compatible /v1/completions, as ``transformers serve`` answers: HTTP 422 naming any field
+    outside the OpenAI API, string prompts only, no log-probs, the stop string left out of the text."""
+
+    OPENAI_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "logprobs", "seed", "echo", "stop", "n"}
+
+    def __init__(self, reply: str):
+        self.reply, self.bodies = reply, []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        unexpected = set(body) - self.OPENAI_FIELDS
+        if unexpected:
+            return httpx.Response(422, json={"detail": f"Unexpected fields in the request: {unexpected}"})
+        if not isinstance(body["prompt"], str):
+            return httpx.Response(422, json={"detail": "prompt must be a string."})
+        text, finish = self.reply, "stop"
+        for stop in body.get("stop", []):
+            if stop in text:
+                text = text[:text.index(stop)]
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
+
+
+def test_a_strict_server_gets_plain_requests_found_once_and_kept_under_concurrency(tiny_tokenizer, caplog):
+    tok = tiny_tokenizer
+    server = StrictServer("Velmora founder</search> and more")
+    engine = make_engine(tok, server, max_concurrency=8)
+    prompt = tok.encode("<search>", add_special_tokens=False)
+    seqs = [engine.add_sequence(prompt) for _ in range(8)]
+    params = SamplingParams(temperature=0.6, top_p=0.95, top_k=20, stop=("</search>",))
+    segments = engine.generate(seqs, params, [40] * 8)
+    # the first request alone: vLLM's fields refused, then token ids refused; the other 7 go out plain, as text
+    assert len(server.bodies) == 3 + 7
+    assert "top_k" in server.bodies[0] and isinstance(server.bodies[1]["prompt"], list)
+    assert all(set(b) <= StrictServer.OPENAI_FIELDS and b["prompt"] == "<search>" for b in server.bodies[2:])
+    assert all("stop" not in b for b in server.bodies[2:])  # the client cuts at the stop string itself
+    for seg in segments:
+        assert seg.token_ids == tok.encode("Velmora founder</search>", add_special_tokens=False)
+        assert (seg.finish_reason, seg.stop_string) == ("stop", "</search>")
+        assert all(math.isnan(v) for v in seg.logprobs + seg.entropies)  # no log-probs: NaN, not made up
+    assert (engine.vllm, engine.prompt_format) == (False, "text")
+    assert "top_k=20 is not applied" in caplog.text and caplog.text.count("is not applied") == 1
+    engine.generate([engine.add_sequence(prompt)], params, [40])
+    assert len(server.bodies) == 11  # remembered: no second probe
+    with pytest.raises(EndpointError, match=r"does not take vLLM's request fields \(it answered: Unexpected fields in "
+                                            r"the request: .*\), and the sampling options \['min_p'\] need them: .*"
+                                            r"leave rollout.min_p at their defaults"):
+        engine.generate([engine.add_sequence(prompt)], SamplingParams(min_p=0.1), [5])
+    plain = make_engine(tok, StrictServer("x"), vllm_fields="off", prompt_format="text")
+    plain.generate([plain.add_sequence(prompt)], SamplingParams(), [5])
+    assert len(plain.client._transport.handler.bodies) == 1  # told: no probe
+
+
+def test_a_refusal_no_downgrade_cures_quotes_the_server(tiny_tokenizer):
+    def too_long(request):
+        return httpx.Response(400, json={"error": {"message": "This model's maximum context length is 2048 tokens"}})
+
+    engine = OpenAIEngine("http://fake/v1", "policy", tiny_tokenizer,
+                          http_client=httpx.Client(transport=httpx.MockTransport(too_long)))
+    with pytest.raises(EndpointError, match=r"http://fake/v1/completions answered HTTP 400: This model's maximum "
+                                            r"context length is 2048 tokens$"):
+        engine.generate([engine.add_sequence([5])], SamplingParams(), [3])

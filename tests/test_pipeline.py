@@ -198,3 +198,20 @@ def test_a_real_model_with_zero_sft_epochs_skips_sft(tmp_path):
     cfg = tiny_config(tmp_path, **{"model.path": str(tmp_path / "my-model"), "sft.epochs": 0})
     assert run_sft_stage(cfg, tmp_path / "run") == str(tmp_path / "my-model")
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluations_between_rl_steps_change_what_is_measured_not_what_is_trained(finished_run, tmp_path):
+    cfg, run = finished_run
+    logged = {}
+    for every in (0, 1):
+        step_cfg = tiny_config(tmp_path, **{"trainer.steps": 3, "trainer.eval_every": every, "trainer.tensorboard": False})
+        run_rl_stage(step_cfg, str(run / "checkpoints" / "sft"), tmp_path / f"every{every}")
+        logged[every] = [json.loads(line) for line in (tmp_path / f"every{every}" / "metrics.jsonl").read_text().splitlines()]
+    # evaluated after steps 1 and 2; step 3's evaluation is the final one, in eval.json
+    assert [sorted(k for k in r if k.startswith("eval/")) for r in logged[1]] == \
+        [["eval/synthetic/test/pass@1", "eval/synthetic/test/pass@k"]] * 2 + [[]]
+    assert not any(k.startswith("eval/") for r in logged[0] for k in r)
+    trained = [{k: v for k, v in r.items() if not k.startswith(("eval/", "timing_s/", "train/tokens_per_s", "perf/"))}
+               for r in logged[1]]
+    assert trained == [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "train/tokens_per_s", "perf/"))}
+                       for r in logged[0]]

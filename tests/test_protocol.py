@@ -154,3 +154,13 @@ def test_token_tags_keep_the_tiny_tokenizer_order():
                             "<answer>", "</answer>", "<think>", "</think>", "<tool_call>", "</tool_call>",
                             "<tool_response>", "</tool_response>"]
     assert token_tags(("wordcount",))[:2] == ["<wordcount>", "</wordcount>"]
+
+
+def test_protocol_takes_a_list_of_tools_as_the_trl_docs_pass_it():
+    from aepo_rl.tools import get_tool
+
+    search = get_tool("search", corpus="synthetic")
+    assert Protocol([search]).system_prompt() == Protocol({search.tag: search}).system_prompt()
+    assert "<search>query</search>" in Protocol([search]).system_prompt()
+    with pytest.raises(TypeError, match="give a list of tools or a dict of them by tag, got str"):
+        Protocol("search")

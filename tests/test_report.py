@@ -177,7 +177,7 @@ def test_pass1_is_drawn_with_its_question_count_and_a_95_percent_interval(tmp_pa
                                                "rl": {"t/test": {"pass@1": 0.5, "num_questions": 64}}}))
     assert read_run(run)[0] == {"step": 0, "eval/t/test/pass@1": 0.25, "eval/t/test/num_questions": 64}
     plot_runs([run], tmp_path / "plots")
-    assert legends["pass_at_1.png"] == ["r: eval/t/test/pass@1 (64 questions, 95% interval)"]
+    assert legends["pass_at_1.png"] == ["r: eval/t/test/pass@1 (64 questions, 95% interval; 2 evaluations)"]
     assert pass1_halfwidth(0.5, 64) == pytest.approx(1.96 * 0.5 / 8)
     assert pass1_halfwidth(0.0, 64) == 0.0 and pass1_halfwidth(0.5, 0) == 0.0
 
@@ -194,7 +194,31 @@ def test_report_of_an_sft_folder(tmp_path, capsys, monkeypatch):
     assert report_main([str(run)]) == 0
     assert_valid_png(run / "plots" / "pass_at_1.png")
     assert_valid_png(run / "plots" / "sft_loss.png")
-    assert legends["sft_loss.png"] == ["sft"] and legends["pass_at_1.png"] == ["sft: eval/synthetic/test/pass@1 (16 questions, 95% interval)"]
+    assert legends["sft_loss.png"] == ["sft"] and legends["pass_at_1.png"] == ["sft: eval/synthetic/test/pass@1 (16 questions, 95% interval; 1 evaluation)"]
     out = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
     assert rows["eval/synthetic/test/pass@1"] == "0.5" and rows["last step"] == "0"
+
+
+def test_a_few_evaluations_are_points_and_more_are_a_line(tmp_path, monkeypatch):
+    """Two evaluations (before and after RL) joined by a line read as steady progress: they are drawn as points;
+    with trainer.eval_every's evaluations between them the curve is joined."""
+    from matplotlib.figure import Figure
+
+    styles = {}
+    original = Figure.savefig
+
+    def spy(fig, path, **kwargs):
+        if Path(path).name == "pass_at_1.png":
+            styles[Path(path).parent.name] = [line.get_linestyle() for ax in fig.axes for line in ax.get_lines()
+                                              if line.get_marker() == "o"]
+        return original(fig, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    for name, middle in (("two", []), ("five", [20, 40, 60])):
+        run = write_run(tmp_path, name, [{"step": s, "x": 1.0, **({"eval/t/test/pass@1": 0.3 + s / 200}
+                                                                  if s in middle else {})} for s in range(1, 81)])
+        (run / "eval.json").write_text(json.dumps({"sft": {"t/test": {"pass@1": 0.25, "num_questions": 64}},
+                                                   "rl": {"t/test": {"pass@1": 0.7, "num_questions": 64}}}))
+        plot_runs([run], tmp_path / "plots" / name)
+    assert styles == {"two": ["None"], "five": ["-"]}

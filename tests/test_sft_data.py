@@ -211,13 +211,40 @@ MISTAKES = {
     "conversations turn 2 is from 'bot'; accepted: system, human": {"conversations": [
         {"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]},
     "assistant message 2: the content must be a string or a list of": {"messages": [user(), assistant(42)]},
+    # what exported agent logs get wrong (newcomer 4): each refused, not trained as something else
+    "tool message 3 has no 'content': a tool result is the text the tool returned":
+        {"messages": [user(), assistant(None, tool_calls=[openai_call()]), {"role": "tool", "tool_call_id": "call_1"},
+                      assistant(ANSWER)]},
+    "tool message 3 has an empty 'content'":
+        {"messages": [user(), assistant(None, tool_calls=[openai_call()]), tool("  "), assistant(ANSWER)]},
+    "observation turn 3 has an empty 'value'": {"conversations": [
+        {"from": "human", "value": "q"}, {"from": "function_call", "value": '{"name": "search", "arguments": {"query": "q"}}'},
+        {"from": "observation", "value": ""}, {"from": "gpt", "value": ANSWER}]},
+    "assistant message 2: tool call 1: 'arguments' is not valid JSON (Expecting ',' delimiter at column 22: "
+    "'{\"code\": \"print(1+1)\"'); write it as the JSON text of an object":
+        {"messages": [user(), assistant(None, tool_calls=[openai_call("python", '{"code": "print(1+1)"')]), tool(),
+                      assistant(ANSWER)]},
+    "assistant message 2: tool call 1: 'arguments' is JSON str '\"Velmora founder\"', not an object":
+        {"messages": [user(), assistant(None, tool_calls=[openai_call(arguments='"Velmora founder"')]), tool(),
+                      assistant(ANSWER)]},
+    "function_call turn 2: tool call 1: 'arguments' is not valid JSON": {"conversations": [
+        {"from": "human", "value": "q"}, {"from": "function_call", "value": '{"name": "search", "arguments": "{query"}'},
+        {"from": "observation", "value": "r"}, {"from": "gpt", "value": ANSWER}]},
+    "assistant message 2: its <tool_call> is not valid JSON":
+        {"messages": [user(), assistant('<tool_call>{"name": "search", "arguments": {"query": "q"}</tool_call>'),
+                      tool(), assistant(ANSWER)]},
+    "assistant message 4 is empty (no text and no tool_calls)":
+        {"messages": [user(), assistant(None, tool_calls=[openai_call()]), tool(), assistant("")]},
+    "gpt turn 2 is empty (no text and no tool_calls)": {"conversations": [
+        {"from": "human", "value": "q"}, {"from": "gpt", "value": " "}, {"from": "gpt", "value": ANSWER}]},
 }
+HERMES_ONLY = {"assistant message 2: its <tool_call> is not valid JSON"}
 
 
 @pytest.mark.parametrize("problem", MISTAKES)
 def test_each_mistake_names_file_row_and_message(problem):
     with pytest.raises(DatasetError) as err:
-        parse_row(MISTAKES[problem], "demos.jsonl:17", "xml")
+        parse_row(MISTAKES[problem], "demos.jsonl:17", "hermes" if problem in HERMES_ONLY else "xml")
     assert str(err.value).startswith("demos.jsonl:17: ") and problem in str(err.value), str(err.value)
 
 
@@ -227,6 +254,26 @@ def test_a_call_of_a_tool_the_task_lacks_is_named():
     with pytest.raises(DatasetError, match="demos.jsonl:3: assistant message 2 calls the tool 'web_search', which the "
                                            r"task does not have \(its tools: search, python\)"):
         data.check_tools(Protocol(TOOLS, "xml"))
+
+
+def test_a_call_written_in_the_text_of_a_tool_the_task_lacks_is_named():
+    for fmt, text in (("xml", "<browse>velmora.org</browse>"),
+                      ("hermes", '<tool_call>{"name": "browse", "arguments": {"url": "velmora.org"}}</tool_call>')):
+        row = {"messages": [user(), assistant(text), tool(), assistant(ANSWER)]}
+        data = SFTData.from_rows([("demos.jsonl:5", row)], "demos.jsonl", fmt)
+        with pytest.raises(DatasetError, match="demos.jsonl:5: assistant message 2 calls the tool 'browse', which the "
+                                               "task does not have"):
+            data.check_tools(Protocol(TOOLS, fmt))
+    known = {"messages": [user(), assistant("<python>print(1)</python>"), tool(), assistant(ANSWER)]}
+    SFTData.from_rows([("demos.jsonl:6", known)], "demos.jsonl").check_tools(Protocol(TOOLS, "xml"))
+
+
+def test_an_empty_file_of_demonstrations_says_demonstrations(tmp_path):
+    for name in ("empty.jsonl", "empty.json"):
+        (tmp_path / name).write_text("\n\n")
+        with pytest.raises(DatasetError, match=f"{name} has no demonstrations: give one per line") as err:
+            SFTData.from_files([str(tmp_path / name)])
+        assert "question" not in str(err.value)
 
 
 def test_sft_data_needs_sft_epochs_and_one_source():

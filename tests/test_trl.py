@@ -314,3 +314,54 @@ def test_tree_rollout_func_in_evaluation_gives_independent_samples(adapter, tiny
     assert len(out["completion_ids"]) == 3 and out["aepo_parent_id"] == [None] * 3
     assert all(0 < len(ids) <= 8 and len(mask) == len(ids) for ids, mask in zip(out["completion_ids"], out["env_mask"]))
     assert out["prompt_ids"][0] == tiny_tokenizer("who founded Velmora?")["input_ids"]
+
+
+def _half_the_time_a_search(tok, system: str):
+    """The tiny model taught, after ``system`` and the docs' question, to open with a search half the time and to
+    answer straight away the other half: a policy whose group rewards can differ, like a checkpoint of aepo train."""
+    from aepo_rl.protocol import Protocol
+
+    torch.manual_seed(0)
+    model = build_tiny_model(tok).train()
+    prompt = tok.apply_chat_template([{"role": "system", "content": system},
+                                      {"role": "user", "content": "Who founded Velmora?"}],
+                                     add_generation_prompt=True, tokenize=True)["input_ids"]
+    replies = ["<search>Velmora founder</search>", Protocol.format_answer("Ada Korrin") + "<|im_end|>"]
+    rows = [list(prompt) + tok.encode(reply, add_special_tokens=False) for reply in replies]
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in rows])
+    labels = ids.clone()
+    labels[:, :len(prompt)] = -100
+    labels[ids == tok.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_the_docs_example_learns_as_written(adapter, tiny_tokenizer, tmp_path, monkeypatch):
+    """docs/trl.md's ten lines, run as written: the prompt carries the protocol's system message, so a model that
+    follows the protocol calls the tool in some trajectories and not in others, and not every group has rewards
+    all equal (TRL's frac_reward_zero_std < 1: the step has a gradient)."""
+    from pathlib import Path
+
+    from aepo_rl.tools import get_tool
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
+    block = text.split("## Ten lines", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    system = adapter.TreeRolloutFunc([get_tool("search", corpus="synthetic")]).system_prompt()
+    assert "rollout.system_prompt()" in block and "<search>query</search>" in system
+    model = _half_the_time_a_search(tiny_tokenizer, system)
+    folder = tmp_path / "runs/my-run/checkpoints/step_000020/model"
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block, "docs/trl.md", "exec"), namespace)
+    logged = namespace["trainer"].state.log_history[0]
+    calls = [t.num_tool_calls for group in namespace["rollout"].last_result.groups for t in group]
+    assert 0 < sum(min(c, 1) for c in calls) < len(calls), calls
+    assert logged["frac_reward_zero_std"] < 1, logged

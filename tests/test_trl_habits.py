@@ -47,16 +47,110 @@ def test_trl_names_are_accepted_as_keyword_arguments_and_named_in_errors():
     cfg = trainer.cfg
     assert (cfg.trainer.lr, cfg.rollout.n, cfg.rollout.max_response_length, cfg.algorithm.clip_ratio_high,
             cfg.trainer.steps, cfg.trainer.seed) == (1e-5, 4, 32, 0.28, 3, 7)
-    with pytest.raises(TypeError, match=r"TRL's beta has no exact counterpart here: .*algorithm.use_kl_loss=true"):
-        AEPOTrainer(beta=0.04)
-    with pytest.raises(TypeError, match=r"TRL's per_device_train_batch_size .* trainer.batch_size counts prompts"):
-        AEPOTrainer(per_device_train_batch_size=8)
+    with pytest.raises(TypeError, match=r"cannot honour .*\n  loss_type='bnpo': the aggregations here are verl's"):
+        AEPOTrainer(loss_type="bnpo")
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'train_datset'; did you mean 'train_dataset'\?"):
         AEPOTrainer(train_datset=TRAIN)
     with pytest.raises(ConfigError, match=r"unknown config key 'trainer.learning_rate'; TRL's learning_rate is trainer.lr"):
         AEPOTrainer(overrides={"trainer.learning_rate": 1e-5})
     with pytest.raises(ConfigError, match=r"unknown config key 'num_generations'; TRL's num_generations is rollout.n"):
         load_config(overrides=["num_generations=4"])
+
+
+def test_common_trl_keyword_arguments_are_mapped(capsys):
+    cfg = AEPOTrainer(beta=0.04, report_to="none", logging_steps=10, num_generations=4, per_device_train_batch_size=8,
+                      gradient_accumulation_steps=2, loss_type="grpo", scale_rewards="none", lr_scheduler_type="cosine",
+                      max_steps=20, warmup_ratio=0.1, use_cpu=True).cfg
+    assert (cfg.algorithm.use_kl_loss, cfg.algorithm.kl_loss_coef, cfg.algorithm.kl_loss_type) == (True, 0.04, "k3")
+    assert (cfg.trainer.tensorboard, cfg.trainer.wandb_project) == (False, None)
+    # TRL: 8 completions per forward, 16 per optimizer step and per generation; groups of 4
+    assert (cfg.trainer.micro_batch_size, cfg.trainer.mini_batch_size, cfg.trainer.batch_size) == (8, 4, 4)
+    assert (cfg.algorithm.loss_agg_mode, cfg.algorithm.norm_adv_by_std, cfg.trainer.lr_schedule) == \
+        ("seq-mean-token-mean", False, "cosine")
+    assert (cfg.trainer.warmup_steps, cfg.trainer.device) == (2, "cpu")
+    assert "logging_steps has no effect here: every RL step is logged" in capsys.readouterr().out
+    assert AEPOTrainer(report_to=["tensorboard", "wandb"], project="mine").cfg.trainer.wandb_project == "mine"
+    assert AEPOTrainer(beta=0.0).cfg.algorithm.use_kl_loss is False
+
+
+def test_trl_keyword_arguments_that_cannot_be_honoured_are_refused_together_with_reasons():
+    with pytest.raises(TypeError) as err:
+        AEPOTrainer(report_to="mlflow", scale_rewards="batch", num_generations=3, per_device_train_batch_size=8,
+                    lr_scheduler_type="linear", max_steps=-1)
+    lines = str(err.value).splitlines()[1:]
+    assert [line.split("=")[0].strip() for line in lines] == \
+        ["max_steps", "report_to", "scale_rewards", "lr_scheduler_type", "per_device_train_batch_size"], lines
+    assert "must both be multiples of num_generations=3" in lines[-1]
+    with pytest.raises(TypeError, match=r"optim='sgd': the optimizer here is torch's AdamW"):
+        AEPOTrainer(optim="sgd")
+    AEPOTrainer(optim="adamw_torch_fused")
+
+
+def test_args_takes_a_grpo_config_and_maps_what_the_user_set(tmp_path, capsys):
+    pytest.importorskip("trl", reason="the [dev] extra installs trl")
+    from trl import GRPOConfig
+
+    from aepo_rl.integrations.trl import AEPOGRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path / "trl-run"), use_cpu=True, learning_rate=1e-5, num_generations=4,
+                      per_device_train_batch_size=8, beta=0.04, logging_steps=5, report_to="tensorboard", max_steps=3,
+                      epsilon_high=0.28, reward_weights=[1.0, 0.5])
+    trainer = AEPOTrainer(args=args, train_dataset=TRAIN, reward_funcs=[correct, "exact_match"], tools=["python"])
+    cfg = trainer.cfg
+    assert (cfg.trainer.lr, cfg.rollout.n, cfg.trainer.steps, cfg.algorithm.clip_ratio_high) == (1e-5, 4, 3, 0.28)
+    assert (cfg.trainer.batch_size, cfg.trainer.mini_batch_size, cfg.trainer.micro_batch_size) == (2, 2, 8)
+    assert (cfg.algorithm.use_kl_loss, cfg.trainer.tensorboard) == (True, True)
+    assert (cfg.trainer.run_dir, cfg.trainer.run_name) == (str(tmp_path), "trl-run")  # TRL's output_dir
+    assert trainer.task.rewards.weights == [1.0, 0.5]
+    out = capsys.readouterr().out.replace("\n", " ")
+    # TRL's defaults are not the user's choice: the preset's values stand, and the note says which differ
+    assert cfg.trainer.seed == 0 and cfg.rollout.max_response_length == load_config().rollout.max_response_length
+    assert "left at TRL's defaults, so the preset's values stand:" in out and "seed 42 (here trainer.seed=0)" in out
+    assert "learning_rate" not in out.split("left at TRL's defaults")[1]
+    aepo_args = AEPOGRPOConfig(output_dir=str(tmp_path / "a"), use_cpu=True, aepo_entropy_adv_coef=0.5,
+                               aepo_sg_upper_clip=False)
+    cfg = AEPOTrainer(args=aepo_args).cfg
+    assert (cfg.algorithm.entropy_adv_coef, cfg.algorithm.sg_upper_clip) == (0.5, False)
+    with pytest.raises(TypeError, match=r"TRL args that aepo-rl cannot honour") as err:
+        AEPOTrainer(args=GRPOConfig(output_dir=str(tmp_path / "b"), use_cpu=True, push_to_hub=True,
+                                    use_liger_kernel=True))
+    assert sorted(str(err.value).splitlines()[1:]) == ["  push_to_hub=True: aepo-rl has no counterpart",
+                                                      "  use_liger_kernel=True: aepo-rl has no counterpart"]
+    assert AEPOTrainer(args={"learning_rate": 2e-5}, learning_rate=3e-5).cfg.trainer.lr == 3e-5  # keywords win
+
+
+def test_a_smaller_batch_size_carries_the_mini_batch_down_unless_it_was_set(tmp_path):
+    assert load_config(overrides=["trainer.batch_size=2"]).trainer.mini_batch_size == 2
+    (tmp_path / "my.yaml").write_text("trainer:\n  batch_size: 2\n")
+    assert load_config(yaml_path=tmp_path / "my.yaml").trainer.mini_batch_size == 2
+    assert AEPOTrainer(overrides={"trainer.batch_size": 3}).cfg.trainer.mini_batch_size == 3
+    assert load_config(overrides=["trainer.batch_size=16"]).trainer.mini_batch_size == 4  # only down
+    with pytest.raises(ConfigError, match=r"trainer.mini_batch_size=4 must be <= trainer.batch_size=2: lower "
+                                          r"trainer.mini_batch_size, or leave it unset"):
+        load_config(overrides=["trainer.batch_size=2", "trainer.mini_batch_size=4"])
+    (tmp_path / "both.yaml").write_text("trainer:\n  batch_size: 2\n  mini_batch_size: 4\n")
+    with pytest.raises(ConfigError, match="trainer.mini_batch_size=4 must be <="):
+        load_config(yaml_path=tmp_path / "both.yaml")
+
+
+def test_a_prompt_only_dataset_trains_when_no_reward_reads_an_answer(policy, tmp_path):
+    def uses_python(prompts, completions, **kwargs):
+        return [float("<python>" in c) for c in completions]
+
+    prompts = [{"prompt": "Compute 6 times 7 with python."}, {"prompt": "Compute 9 plus 1 with python."}]
+    model, tokenizer = policy
+    trainer = AEPOTrainer(model=model, processing_class=tokenizer, train_dataset=prompts,
+                          reward_funcs=[uses_python], tools=["python"], output_dir=tmp_path / "run",
+                          overrides={**SMALL, "trainer.steps": 1})
+    assert [ex.answers for ex in trainer.task.examples("train")] == [[], []]
+    trainer.train()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+    with pytest.raises(DatasetError, match=r"train_dataset row 1: missing field 'answer' .*; the reward function "
+                                           r"'correct' reads it \(prompt-only rows work when no reward function reads"):
+        AEPOTrainer(train_dataset=prompts, reward_funcs=[correct], tools=["python"])
+    with pytest.raises(DatasetError, match=r"eval_dataset row 1: missing field 'answer' .*; pass@k on eval_dataset "
+                                           r"compares the final answer with it"):
+        AEPOTrainer(train_dataset=prompts, eval_dataset=prompts, reward_funcs=[uses_python], tools=["python"])
 
 
 def test_a_dataset_dict_gets_the_split_hint():

@@ -129,3 +129,33 @@ def test_verl_reads_the_parquet_and_loads_compute_score(synthetic_dir, tiny_toke
     answer = gold[0] if not isinstance(gold, str) else gold
     assert fn(item["data_source"], CORRECT.format(answer), gold, item["extra_info"]) == 1.0
     assert fn(item["data_source"], CORRECT.format("certainly not it"), gold, item["extra_info"]) == 0.0
+
+
+def test_verl_data_of_user_files_names_its_own_folder_not_this_machine(tmp_path, capsys, monkeypatch):
+    """The printed task overrides name files inside the output folder as $DATA/..., so the folder moves (or is
+    mounted on every node) whole; read back with $DATA set, they give the agent loop the same tools and rows."""
+    from pathlib import Path
+
+    from aepo_rl.config import load_config
+    from aepo_rl.tasks import get_task
+
+    examples = Path(__file__).resolve().parents[1] / "examples" / "sft"
+    out = tmp_path / "data"
+    assert main(["verl-data", "--task", "file", "--out", str(out), f"task.train_files=[{examples / 'questions.jsonl'}]",
+                 f"task.val_files=[{examples / 'test.jsonl'}]", f"task.corpus={examples / 'corpus.jsonl'}"]) == 0
+    printed = capsys.readouterr().out
+    lines = [line.strip() for line in printed.splitlines() if line.strip().startswith("+actor_rollout_ref")]
+    assert "+actor_rollout_ref.rollout.custom.aepo.task.train_files=[$DATA/train.parquet]" in lines
+    assert "+actor_rollout_ref.rollout.custom.aepo.task.val_files=[$DATA/val.parquet]" in lines
+    assert "+actor_rollout_ref.rollout.custom.aepo.task.corpus=$DATA/corpus.jsonl" in lines
+    assert str(tmp_path) not in "".join(lines) and str(examples) not in "".join(lines)
+    assert f"with $DATA={out}" in printed
+    moved = tmp_path / "elsewhere"
+    out.rename(moved)
+    overrides = [line.split("custom.aepo.", 1)[1].replace("$DATA", str(moved)) for line in lines]
+    task = get_task(load_config("aepo", None, overrides))
+    original = get_task(load_config("aepo", None, ["task.name=file", f"task.train_files=[{examples / 'questions.jsonl'}]",
+                                                   f"task.corpus={examples / 'corpus.jsonl'}"]))
+    assert sorted(task.tools()) == sorted(original.tools())
+    assert task.tools()["search"].run("Velmora founder") == original.tools()["search"].run("Velmora founder")
+    assert [e.question for e in task.examples("train")] == [e.question for e in original.examples("train")]

@@ -106,17 +106,21 @@ class DatasetTask:
             raise ValueError(f"tools: two tools share a name or tag in {tags}")
         check_sandbox([t for t in self.tool_specs if isinstance(t, str)], tool_options)
         prefix = id_prefix or (lambda where: name)
-        self._splits = {"train": self._examples(train_rows, "train", prefix)}
-        val = self._examples(eval_rows, "val", prefix)
+        readers = rewards.reads_answer()
+        # a prompt-only training row (TRL's habit) is fine when no reward reads a gold answer; evaluation's pass@k does
+        needs = (f"the reward function {', '.join(map(repr, readers))} reads it (prompt-only rows work when no reward "
+                 "function reads a gold answer)") if readers else None
+        self._splits = {"train": self._examples(train_rows, "train", prefix, needs)}
+        val = self._examples(eval_rows, "val", prefix, "pass@k on eval_dataset compares the final answer with it")
         self._splits.update(dev=val, test=val, val=val)
         self._tools: dict[str, Tool] | None = None
 
-    def _examples(self, rows: list[tuple[str, dict]], split: str, prefix) -> list[Example]:
+    def _examples(self, rows: list[tuple[str, dict]], split: str, prefix, answer_for: str | None) -> list[Example]:
         from aepo_rl.tasks.loaders import row_to_example
 
         fmt = self.tool_options.tool_format if self.tool_options else "xml"
-        return [row_to_example(row, where, f"{prefix(where)}-{split}-{i}", prefix(where), self.tool_specs, fmt)
-                for i, (where, row) in enumerate(rows)]
+        return [row_to_example(row, where, f"{prefix(where)}-{split}-{i}", prefix(where), self.tool_specs, fmt,
+                               answer_for) for i, (where, row) in enumerate(rows)]
 
     def examples(self, split: str) -> list[Example]:
         return split_examples(self.name, self._splits, split)

@@ -98,13 +98,15 @@ SFT_FIELDS = ("messages", "conversations", "completion")
 """Fields of a demonstration (aepo_rl/train/sft_data.py), named when such a row is given as RL data."""
 
 
-def _field(row: dict, dotted: str, where: str):
+def _field(row: dict, dotted: str, where: str, needed_by: str = ""):
     value: object = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value or value[part] is None:
             demo = next((field for field in SFT_FIELDS if field in row), None)
             hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give its file with "
                                             "`aepo sft --data` / `aepo train --sft-data`, or AEPOTrainer(sft_dataset=...)")
+            if needed_by and demo is None:
+                hint = f"; {needed_by}"
             raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
                                f"'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth'){hint}")
         value = value[part]
@@ -112,16 +114,19 @@ def _field(row: dict, dotted: str, where: str):
 
 
 def row_to_example(row: dict, where: str, example_id: str, default_source: str,
-                   tools: tuple = ("search", "python"), fmt: str = "xml") -> Example:
+                   tools: tuple = ("search", "python"), fmt: str = "xml", answer_for: str | None = "") -> Example:
     """One row as an Example; ``where`` names file and row. Layouts: verl's (``prompt`` = messages,
     ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer.
     ``tools`` (names or tools) are described, in tool-call format ``fmt``, in the system message a prompt
-    without one gets."""
+    without one gets. ``answer_for``: what needs the gold answer (named when it is missing); None: nothing
+    does, and a ``prompt`` row without one is a prompt-only row (TRL's habit) with no gold answers."""
     gold = "answer" if row.get("answer") is not None and not isinstance(row.get("reward_model"), dict) \
         else "reward_model.ground_truth"
+    prompt_only = answer_for is None and row.get("answer") is None and "reward_model" not in row
     if "prompt" in row and isinstance(row["prompt"], str):
         question = row["prompt"]
-        answers = gold_answers(_field(row, gold if "reward_model" in row else "answer", where))
+        answers = [] if prompt_only else gold_answers(_field(row, gold if "reward_model" in row else "answer", where,
+                                                             answer_for))
         messages = chat_messages(question, system_prompt(tools, fmt))
         extra_info = dict(row.get("extra_info") or {})
     elif "prompt" in row:
@@ -136,11 +141,11 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
         question = users[-1]
         if messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
-        answers = gold_answers(_field(row, gold, where))
+        answers = [] if prompt_only else gold_answers(_field(row, gold, where, answer_for))
         extra_info = dict(row.get("extra_info") or {})
     else:
         question = str(_field(row, "question", where))
-        answers = gold_answers(_field(row, "answer", where))
+        answers = [] if prompt_only else gold_answers(_field(row, "answer", where, answer_for))
         messages = chat_messages(question, system_prompt(tools, fmt))
         extra_info = {}
     return Example(id=example_id, question=question, answers=answers,

@@ -339,8 +339,9 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
                 metrics = trainer.step()
                 step = trainer.global_step
                 results = None
-                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and eval_examples:
-                    results = evaluate(trainer.engine, trainer.task, eval_examples, cfg, cfg.eval.split)
+                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < cfg.trainer.steps \
+                        and eval_examples:  # the last step's evaluation is the final one (eval.json)
+                    results = evaluate_aside(trainer, eval_examples, cfg)
                     for key, result in results.items():
                         metrics.update({f"eval/{key}/{name}": float(result[name]) for name in ("pass@1", "pass@k")})
                 history.append(logger.log(step, metrics))
@@ -362,6 +363,17 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
         except KeyboardInterrupt:
             get_console().print("[yellow]aborted mid-step; the last complete checkpoint is kept[/]")
             raise RunInterrupted(trainer.global_step) from None
+
+
+def evaluate_aside(trainer: RLTrainer, eval_examples: list, cfg: Config) -> dict:
+    """An evaluation between RL steps that leaves training as it was: the random states it draws from (Python's,
+    numpy's, torch's and the engine's sampler) are put back afterwards, so ``trainer.eval_every`` changes what is
+    measured, not what is trained."""
+    state = ckpt.rng_state(trainer.engine)
+    try:
+        return evaluate(trainer.engine, trainer.task, eval_examples, cfg, cfg.eval.split)
+    finally:
+        ckpt.set_rng_state(state, trainer.engine)
 
 
 def _save_rl_checkpoint(cfg: Config, trainer: RLTrainer, checkpoint_dir: Path, init_model_dir: str,

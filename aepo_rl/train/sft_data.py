@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ class UserDemonstration:
     where: str
     prompt: list[dict[str, str]]
     steps: list[Step]
+    text_calls: list[tuple[str, str]] = field(default_factory=list)
+    """(tool, where) of each call written in an assistant's text (``<search>…</search>``), for :meth:`SFTData.check_tools`."""
 
     def calls(self) -> list[Step]:
         return [step for step in self.steps if step.kind == "call"]
@@ -124,12 +126,13 @@ class SFTData:
 
     def check_tools(self, protocol: Protocol) -> None:
         """Every ``tool_calls`` / ``function_call`` call names one of ``protocol``'s tools (the task's, which its
-        rollouts can run); raises DatasetError naming the first that does not."""
+        rollouts can run), and so does every call written in an assistant's text; raises DatasetError naming the
+        first that does not."""
         for demo in self.demos:
-            for call in demo.calls():
-                if tool_key(protocol, call.tool) is None:
+            for name, origin in [(call.tool, call.origin) for call in demo.calls()] + demo.text_calls:
+                if tool_key(protocol, name) is None:
                     names = ", ".join(tool.name for tool in protocol.tools.values())
-                    raise DatasetError(f"{call.origin} calls the tool {call.tool!r}, which the task does not have "
+                    raise DatasetError(f"{origin} calls the tool {name!r}, which the task does not have "
                                        f"(its tools: {names}): rename the call to one of them, or give the task "
                                        "that tool (AEPOTrainer(tools=[...]), docs/python-api.md)")
 
@@ -187,11 +190,13 @@ def read_file(path: str | Path) -> list[tuple[str, dict]]:
     """``(where, row)`` of each row of a demonstrations file; ``where`` is ``file:line`` (JSONL) or
     ``file row i`` (a JSON array, parquet), counted from 1."""
     path = Path(path)
-    if path.suffix != ".json" or not path.is_file():
+    if path.suffix == ".parquet" or not path.is_file():
         return _named_rows(read_rows(path), path)
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         return _named_rows([], path)
+    if path.suffix != ".json":
+        return _named_rows(read_rows(path), path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -271,21 +276,27 @@ def _content(value: Any, where: str) -> str:
 
 
 def _argument(arguments: Any, where: str) -> str:
-    """The one argument of a call: an object with one key (or its JSON text), or plain text."""
+    """The one argument of a call: an object with one key, or its JSON text (OpenAI's ``arguments``)."""
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-        if not isinstance(parsed, dict):
-            return arguments
-        arguments = parsed
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{where}: 'arguments' is not valid JSON ({err.msg} at column {err.colno}: "
+                               f"{_clip(arguments)}); write it as the JSON text of an object, e.g. "
+                               '{"query": "…"} (a truncated export often drops the closing brace)') from None
+        if not isinstance(arguments, Mapping):
+            raise DatasetError(f"{where}: 'arguments' is JSON {type(arguments).__name__} {_clip(json.dumps(arguments))},"
+                               ' not an object; give the argument by name, e.g. {"query": "…"}')
     if not isinstance(arguments, Mapping) or len(arguments) != 1:
         count = f"{len(arguments)} arguments" if isinstance(arguments, Mapping) else type(arguments).__name__
         raise DatasetError(f"{where}: 'arguments' has {count}; a protocol call passes exactly one (§1.1), "
                            'e.g. {"query": "…"}')
     value = next(iter(arguments.values()))
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _calls(value: Any, where: str) -> list[tuple[str, str]]:
@@ -317,8 +328,20 @@ def _chat(messages: Any, where: str, field: str, noun: str) -> list[_Message]:
         calls = _calls(m["tool_calls"], f"{where}: {label}") if m.get("tool_calls") else []
         if calls and role != "assistant":
             raise DatasetError(f"{where}: {label} has tool_calls; only an assistant message calls tools")
-        out.append(_Message(role, _content(m.get("content"), f"{where}: {label}"), calls, label))
+        content = _content(m.get("content"), f"{where}: {label}")
+        if role == "tool":
+            _check_result(content, m.get("content") is None, f"{where}: {label}", "'content'")
+        out.append(_Message(role, content, calls, label))
     return out
+
+
+def _check_result(content: str, missing: bool, where: str, field: str) -> None:
+    """A tool result has text: a missing or empty one would train the model on a result the tool never gave."""
+    if missing or not content.strip():
+        state = f"no {field}" if missing else f"an empty {field}"
+        raise DatasetError(f"{where} has {state}: a tool result is the text the tool returned; write it in "
+                           f"{field} (a tool that returned nothing: say so, e.g. \"(no output)\"), or drop the "
+                           "call and its result from the row")
 
 
 def _sharegpt(row: Mapping, where: str) -> list[_Message]:
@@ -338,6 +361,8 @@ def _sharegpt(row: Mapping, where: str) -> list[_Message]:
                                f"{', '.join(SHAREGPT_ROLES)}")
         label = f"{source} turn {i}"
         value = _content(turn["value"], f"{where}: {label}")
+        if SHAREGPT_ROLES[source] == "tool":
+            _check_result(value, turn["value"] is None, f"{where}: {label}", "'value'")
         if source != "function_call":
             out.append(_Message(SHAREGPT_ROLES[source], value, [], label))
             continue
@@ -357,19 +382,28 @@ def _split_at_last_user(messages: list[_Message], where: str, fmt: str) -> UserD
     return _demonstration(messages[:last_user + 1], messages[last_user + 1:], where, fmt)
 
 
-def _text_call(message: _Message, where: str, fmt: str) -> bool:
-    """Whether ``message``'s text ends with a call written in the protocol (``…</search>``); a call in the
-    other format than ``fmt`` is an error, as the rollout would not run it."""
+def _text_call(message: _Message, where: str, fmt: str) -> str | None:
+    """The tool called at the end of ``message``'s text, when it ends with a call written in the protocol
+    (``…</search>``: ``search``), else None; a call in the other format than ``fmt`` is an error, as the
+    rollout would not run it, and so is a Hermes call whose JSON is broken."""
     end = _ENDS_WITH_TAG.search(message.content)
     if end is None or (end.group(1) in RESERVED_TAGS and end.group(1) != HERMES_CALL):
-        return False
+        return None
     hermes = end.group(1) == HERMES_CALL
     if hermes != (fmt == "hermes"):
         written = "a Hermes <tool_call>" if hermes else f"an XML call <{end.group(1)}>…</{end.group(1)}>"
         other = "hermes" if hermes else "xml"
         raise DatasetError(f"{where}: {message.label} writes {written} but rollout.tool_format={fmt}: set "
                            f"rollout.tool_format={other}, or give the call as tool_calls (written in either format)")
-    return True
+    if not hermes:
+        return end.group(1)
+    body = message.content[:end.start()].rsplit(f"<{HERMES_CALL}>", 1)[-1]
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as err:
+        raise DatasetError(f"{where}: {message.label}: its <{HERMES_CALL}> is not valid JSON ({err.msg}: {_clip(body)}); "
+                           'write {"name": ..., "arguments": {...}}') from None
+    return _calls(call, f"{where}: {message.label}")[0][0]
 
 
 def _demonstration(prompt: list[_Message], response: list[_Message], where: str, fmt: str) -> UserDemonstration:
@@ -390,17 +424,23 @@ def _demonstration(prompt: list[_Message], response: list[_Message], where: str,
     caller: _Message = response[0]
     pending: list[Step | None] = []  # the caller's calls awaiting their result, in order; None: a call in its text
     answered = 0
+    text_calls: list[tuple[str, str]] = []
     for m in response:
         if m.role == "assistant":
             if pending:
                 break
+            if not m.content.strip() and not m.calls:
+                raise DatasetError(f"{where}: {m.label} is empty (no text and no tool_calls), and the reply is what SFT "
+                                   "trains: write what the assistant said, or drop the message")
             steps += [Step("block" if block else "text", piece) for piece, block in split_result_blocks(m.content)]
             pending = [Step("call", arg, name, f"{where}: {m.label}") for name, arg in m.calls]
-            if _text_call(m, where, fmt):
+            called = _text_call(m, where, fmt)
+            if called is not None:
                 if pending:
                     raise DatasetError(f"{where}: {m.label} has tool_calls and its text ends with a call too: give "
                                        "each call one way")
                 pending = [None]
+                text_calls.append((called, f"{where}: {m.label}"))
             caller, answered = m, 0
         elif m.role == "tool":
             if not pending:
@@ -421,4 +461,4 @@ def _demonstration(prompt: list[_Message], response: list[_Message], where: str,
     if response[-1].role != "assistant":
         raise DatasetError(f"{where}: the reply ends with {response[-1].label}, a tool result; end it with the "
                            "assistant's answer")
-    return UserDemonstration(where, [{"role": m.role, "content": m.content} for m in prompt], steps)
+    return UserDemonstration(where, [{"role": m.role, "content": m.content} for m in prompt], steps, text_calls)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines import cpu_decode_threads
 from aepo_rl.engines.hf import HFEngine
+from aepo_rl.protocol import Protocol
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tools.base import Tool
 
@@ -58,6 +59,11 @@ class TreeRolloutFunc:
         """Carried across calls (the release's slot-keyed ΔH baselines, §1.4)."""
         self.last_result = None
         """The latest :class:`~aepo_rl.rollout.tree.RolloutResult` (trees, rollout metrics)."""
+
+    def system_prompt(self) -> str:
+        """The system message that teaches the model this rollout's tool protocol (§1.1), the one aepo-rl's tasks
+        give every prompt: put it first in each prompt, or a model trained on the protocol calls no tool."""
+        return Protocol(self.tools, self.rollout.tool_format).system_prompt()
 
     def _check(self, trainer) -> None:
         args = trainer.args

@@ -8,12 +8,18 @@ registered reward: the built-in ``synthetic`` world, PhantomWiki, user files (``
 task.train_files=[...]``) or an evaluation set. A task whose splits search corpora of their own
 (phantomwiki: one universe per split) also gets ``corpus_train.jsonl`` and ``corpus_val.jsonl``, the
 documents its agent loops search (``aepo serve-search --corpus`` serves one).
+
+The folder is self-contained: the agent loop rebuilds the task's tools from the printed ``task.*``
+overrides, and the files those name are in the folder too (the task's files as its two parquet files,
+which read back as the same questions; a corpus file copied), named relative to it as ``$DATA/...``
+(:data:`BASE`), the variable the launch scripts set, so no path of the machine that wrote them is needed.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+import shutil
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from aepo_rl.config import Config, TaskConfig
@@ -23,6 +29,8 @@ from aepo_rl.tasks.base import Example
 TRAIN_AGENT, VAL_AGENT = "aepo_tree", "aepo_chain"
 SPLITS = {"train": ("train", TRAIN_AGENT), "val": ("dev", VAL_AGENT)}
 """Output file stem → (the task's split, the agent loop that rolls it out)."""
+BASE = "$DATA"
+"""How the printed overrides name the output folder: the launch scripts' variable (examples/verl)."""
 
 
 def verl_row(example: Example, index: int, split: str, reward: str, agent_name: str) -> dict:
@@ -48,20 +56,24 @@ def task_reward(task, cfg: Config) -> str:
     return name
 
 
-def task_overrides(cfg: Config) -> list[str]:
-    """The ``custom.aepo.task.*`` overrides that give the agent loop the same task (hence the same tools)."""
+def task_overrides(cfg: Config, task: TaskConfig | None = None) -> list[str]:
+    """The ``custom.aepo.task.*`` overrides that give the agent loop the same task (hence the same tools): of
+    ``task`` (default ``cfg.task``; :func:`write_verl_data` gives the one that names its folder's files)."""
+    task = cfg.task if task is None else task
     default = asdict(TaskConfig())
     out = []
     for f in fields(TaskConfig):
-        value = getattr(cfg.task, f.name)
+        value = getattr(task, f.name)
         if value != default[f.name] or f.name == "name":
             text = "[" + ",".join(str(v) for v in value) + "]" if isinstance(value, list) else value
             out.append(f"+actor_rollout_ref.rollout.custom.aepo.task.{f.name}={text}")
     return out
 
 
-def write_verl_data(cfg: Config, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` of ``cfg.task`` under ``out_dir``; their paths."""
+def write_verl_data(cfg: Config, out_dir: str | Path) -> tuple[dict[str, Path], TaskConfig]:
+    """Write ``train.parquet`` and ``val.parquet`` of ``cfg.task`` under ``out_dir``; their paths, and the task config
+    the agent loop gets, whose files are in ``out_dir`` and named ``$DATA/<file>`` (a file task reads its questions
+    back from the two parquet files; a corpus file is copied beside them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -88,18 +100,26 @@ def write_verl_data(cfg: Config, out_dir: str | Path) -> dict[str, Path]:
             docs = task.corpus(split)
             paths[f"corpus_{stem}"].write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs),
                                                encoding="utf-8")
-    return paths
+    loop_task = cfg.task
+    if cfg.task.train_files or cfg.task.val_files:
+        loop_task = replace(loop_task, train_files=[f"{BASE}/train.parquet"], val_files=[f"{BASE}/val.parquet"])
+    if cfg.task.corpus and Path(cfg.task.corpus).is_file():
+        corpus = Path(cfg.task.corpus)
+        shutil.copyfile(corpus, out / f"corpus{''.join(corpus.suffixes)}")
+        loop_task = replace(loop_task, corpus=f"{BASE}/corpus{''.join(corpus.suffixes)}")
+    return paths, loop_task
 
 
 def verl_data_main(cfg: Config, out_dir: str) -> int:
-    paths = write_verl_data(cfg, out_dir)
+    paths, loop_task = write_verl_data(cfg, out_dir)
     for stem, path in paths.items():
         if stem in SPLITS:
             print(f"{path}: {stem} split, agent_name={SPLITS[stem][1]}")
         else:
             print(f"{path}: the search corpus of the {stem.removeprefix('corpus_')} split's questions "
                   f"(aepo serve-search --corpus {path})")
-    print("add to your main_ppo command (the agent loop builds the same task's tools):")
-    for line in task_overrides(cfg):
+    print(f"add to your main_ppo command, with {BASE}={out_dir} (the folder holds every file they name; the agent "
+          "loop builds the same task's tools from them on every node, so put it where each node reads that path):")
+    for line in task_overrides(cfg, loop_task):
         print(f"  {line}")
     return 0
