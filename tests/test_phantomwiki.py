@@ -267,7 +267,7 @@ def test_verl_data_writes_parquet_and_each_splits_corpus(generated, tmp_path):
     from aepo_rl.integrations.verl.data import write_verl_data
 
     cfg, task, _ = generated
-    paths = write_verl_data(cfg, tmp_path / "verl")
+    paths, _ = write_verl_data(cfg, tmp_path / "verl")
     assert sorted(p.name for p in paths.values()) == ["corpus_train.jsonl", "corpus_val.jsonl", "train.parquet",
                                                       "val.parquet"]
     rows = pq.read_table(paths["val"]).to_pylist()
