@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     from aepo_rl.probes import PROBES, ProbeOptions
 
     defaults = ProbeOptions()
-    p = sub.add_parser("probe", parents=[plugin], help="measure one AEPO mechanism on a checkpoint, paired, with 95% "
+    p = sub.add_parser("probe", parents=[plugin], help="measure one AEPO mechanism on a checkpoint, paired, with 95%% "
                        "intervals (docs/mechanisms.md)")
     p.add_argument("probe", choices=PROBES, help="the mechanism: " + ", ".join(PROBES))
     _config_args(p)

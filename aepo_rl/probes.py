@@ -568,7 +568,17 @@ def probe_main(name: str, cfg: Config, options: ProbeOptions, out_file: str | No
     check_entropy_measure(cfg)
     if out_file is not None:
         check_writable(out_file, "--out")
-    if cfg.model.path not in (None, "smollm2"):
+    if cfg.model.path is None and cfg.model.init is None:  # the tiny model's random weights rarely call a tool
+        from aepo_rl.train.checkpoint import find_trained_model
+
+        found = find_trained_model(cfg.trainer.run_dir, cfg.task.name)
+        if found is None:
+            raise ConfigError(f"aepo probe measures a trained policy: pass --model HF_DIR (no model trained on "
+                              f"{cfg.task.name} under trainer.run_dir={cfg.trainer.run_dir}; aepo train or aepo sft "
+                              "makes one)")
+        print(f"no --model: probing the newest model trained on {cfg.task.name} under {cfg.trainer.run_dir}: {found}")
+        cfg.model.path = str(found)
+    elif cfg.model.path not in (None, "smollm2"):
         check_model_dir(cfg.model.path)
     task = get_task(cfg)
     model, tokenizer = load_policy(cfg, task)

@@ -261,6 +261,7 @@ def test_objective_gradient_matches_a_finite_difference(tiny_tokenizer):
     (["probe", "branch-penalty", "--penalty", "0"], "the penalty must be > 0"),
     (["probe", "clip-gradient", "trainer.mini_batch_size=9"], "trainer.mini_batch_size=9 must be <= trainer.batch_size=8"),
     (["probe", "fork-choice", "--out", "/proc/version/x.json"], "--out"),
+    (["probe", "fork-choice", "trainer.run_dir=/nonexistent"], "aepo probe measures a trained policy: pass --model"),
 ])
 def test_bad_input_fails_before_any_model(argv, message, capsys, monkeypatch):
     from aepo_rl import models
