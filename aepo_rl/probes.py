@@ -26,7 +26,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, variance
 from typing import TYPE_CHECKING, Any, Callable
 
 from aepo_rl.config import Config, ConfigError
@@ -157,6 +157,14 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
 
+def seeded_chunks(cfg: Config, examples: list[Example], seeds: int):
+    """(seed index s, rollout seed, prompts) for every seed and every chunk of ``eval.batch_size`` prompts: the
+    rollout seed of chunk c under seed s is rollout.seed + 1000·s + c."""
+    for s in range(seeds):
+        for c, chunk in enumerate(chunks(examples, cfg.eval.batch_size)):
+            yield s, cfg.rollout.seed + 1000 * s + c, chunk
+
+
 def distinct_answers(texts: list[str]) -> int:
     """Different normalized final answers among ``texts`` (responses without an answer not counted)."""
     from aepo_rl.rewards import extract_answer, normalize_answer
@@ -178,20 +186,18 @@ def probe_premonitor(cfg: Config, task: Task, engine, examples: list[Example], o
     rc, n = cfg.rollout, cfg.rollout.n
     fixed = max(1, n // 2)
     rows = []
-    for s in range(options.seeds):
-        for start, chunk in enumerate(chunks(examples, cfg.eval.batch_size)):
-            seed = rc.seed + s * 1000 + start
-            reseed(engine, seed)
-            for ex, (h_root, traj) in zip(chunk, premonitor_probes(engine, encode(engine, chunk), task.tools(), rc,
-                                                                   seed=seed)):
-                row = {"prompt": ex.id, "seed": rc.seed + s, "h_root": h_root, "tool_calls": traj.num_tool_calls,
-                       "m_fixed": fixed}
-                for formula in ("paper", "release"):
-                    h_tool = tool_entropy(traj, h_root, formula)
-                    row[f"h_tool_{formula}"], row[f"gap_{formula}"] = h_tool, h_root - h_tool
-                    row[f"m_{formula}"] = premonitor_global_samples(n, h_root, h_tool, formula=formula,
-                                                                    beta=rc.premonitor_beta)
-                rows.append(row)
+    for s, seed, chunk in seeded_chunks(cfg, examples, options.seeds):
+        reseed(engine, seed)
+        for ex, (h_root, traj) in zip(chunk, premonitor_probes(engine, encode(engine, chunk), task.tools(), rc,
+                                                               seed=seed)):
+            row = {"prompt": ex.id, "seed": s, "rollout_seed": seed, "h_root": h_root,
+                   "tool_calls": traj.num_tool_calls, "m_fixed": fixed}
+            for formula in ("paper", "release"):
+                h_tool = tool_entropy(traj, h_root, formula)
+                row[f"h_tool_{formula}"], row[f"gap_{formula}"] = h_tool, h_root - h_tool
+                row[f"m_{formula}"] = premonitor_global_samples(n, h_root, h_tool, formula=formula,
+                                                                beta=rc.premonitor_beta)
+            rows.append(row)
     effects, notes = [], []
     for formula in ("paper", "release"):
         effects.append(prompt_effect(rows, f"m ({formula}) − n/2", f"m_{formula}", "m_fixed",
@@ -210,22 +216,18 @@ def probe_premonitor(cfg: Config, task: Task, engine, examples: list[Example], o
 
 
 def _reliability(rows: list[dict[str, Any]], key: str) -> str:
-    """How much of the gap's variance is the prompt's and how much the single probe's noise (one-way ICC)."""
+    """How much of the gap's variance is the prompt's and how much its single probe's noise: 1 − the mean
+    within-prompt variance over the total variance (a one-way intraclass correlation, floored at 0)."""
     by_prompt: dict[str, list[float]] = {}
     for row in rows:
         by_prompt.setdefault(row["prompt"], []).append(row[key])
-    within = [v for values in by_prompt.values() if len(values) > 1 for v in [_var(values)]]
-    total = _var([row[key] for row in rows])
+    within = [variance(values) for values in by_prompt.values() if len(values) > 1]
+    total = variance([row[key] for row in rows])
     if not within or total == 0:
-        return "gap reliability n/a"
+        return "gap reliability n/a (no prompt seen twice, or one gap for all)"
     share = max(0.0, 1 - fmean(within) / total)
     return (f"share of the gap's variance that belongs to the prompt (not to its probe's sampling): {share:.2f} "
             f"(within-prompt SD {math.sqrt(fmean(within)):.3f}, overall SD {math.sqrt(total):.3f})")
-
-
-def _var(values: list[float]) -> float:
-    mean = fmean(values)
-    return math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,21 +242,19 @@ def probe_branch_penalty(cfg: Config, task: Task, engine, examples: list[Example
     penalty = cfg.rollout.branch_penalty if options.penalty is None else options.penalty
     arms = (("penalty", penalty), ("no_penalty", 0.0))
     rows = []
-    for s in range(options.seeds):
-        for start, chunk in enumerate(chunks(examples, cfg.eval.batch_size)):
-            seed = cfg.rollout.seed + s * 1000 + start
-            per_arm = {}
-            for arm, penalty in arms:
-                rc = dataclasses.replace(cfg.rollout, mode="aepo", n=options.n, global_samples=options.global_samples,
-                                         branch_penalty=penalty)
-                reseed(engine, seed)
-                result = run_rollout(engine, encode(engine, chunk), task.tools(), rc, seed=seed)
-                events = list(zip(result.branches.streaks, result.branches.streak_groups))
-                per_arm[arm] = [_tree_row(task, ex, group, [level for level, g in events if g == i])
-                                for i, (ex, group) in enumerate(zip(chunk, result.groups))]
-            for i, ex in enumerate(chunk):
-                rows.append({"prompt": ex.id, "seed": cfg.rollout.seed + s,
-                             **{f"{key}_{arm}": value for arm, _ in arms for key, value in per_arm[arm][i].items()}})
+    for s, seed, chunk in seeded_chunks(cfg, examples, options.seeds):
+        per_arm = {}
+        for arm, arm_penalty in arms:
+            rc = dataclasses.replace(cfg.rollout, mode="aepo", n=options.n, global_samples=options.global_samples,
+                                     branch_penalty=arm_penalty)
+            reseed(engine, seed)
+            result = run_rollout(engine, encode(engine, chunk), task.tools(), rc, seed=seed)
+            events = list(zip(result.branches.streaks, result.branches.streak_groups))
+            per_arm[arm] = [_tree_row(task, ex, group, [level for level, g in events if g == i])
+                            for i, (ex, group) in enumerate(zip(chunk, result.groups))]
+        for i, ex in enumerate(chunk):
+            rows.append({"prompt": ex.id, "seed": s, "rollout_seed": seed,
+                         **{f"{key}_{arm}": value for arm, _ in arms for key, value in per_arm[arm][i].items()}})
     names = ("penalty", "no_penalty")
     metrics = (("branch events at l ≥ 2 per tree", "l2plus", "< 0"),
                ("branch events at l ≥ 1 per tree", "l1plus", "< 0"),
@@ -308,33 +308,30 @@ def probe_fork_choice(cfg: Config, task: Task, engine, examples: list[Example], 
 
     rc = cfg.rollout
     by_id = {ex.id: ex for ex in examples}
-    rows, skipped = [], 0
-    for s in range(options.seeds):
-        parents: list[tuple[Trajectory, int, int]] = []
-        for start, chunk in enumerate(chunks(examples, cfg.eval.batch_size)):
-            seed = rc.seed + s * 1000 + start
-            reseed(engine, seed)
-            single = dataclasses.replace(rc, mode="independent", n=1)
-            result = run_rollout(engine, encode(engine, chunk), task.tools(), single, seed=seed)
-            for (parent,) in result.groups:
-                points = fork_points(parent, rc.entropy_segment)
-                if len(points) < 2:  # no choice to make: both arms would fork at the same point
-                    skipped += 1
-                    continue
-                chosen = max(points, key=lambda p: p[1])[0]  # first of the highest on ties
-                drawn = random.Random(f"{rc.seed + s}/{parent.prompt_id}").choice(points)[0]
-                parents.append((parent, chosen, drawn))
-        if not parents:
-            continue
+    parents: dict[int, list[tuple[Trajectory, int, int]]] = {}  # per seed index: (parent, entropy point, random point)
+    skipped = 0
+    single = dataclasses.replace(rc, mode="independent", n=1)
+    for s, seed, chunk in seeded_chunks(cfg, examples, options.seeds):
+        reseed(engine, seed)
+        for (parent,) in run_rollout(engine, encode(engine, chunk), task.tools(), single, seed=seed).groups:
+            points = fork_points(parent, rc.entropy_segment)
+            if len(points) < 2:  # no choice to make: both arms would fork at the same point
+                skipped += 1
+                continue
+            chosen = max(points, key=lambda p: p[1])[0]  # the first of the highest on ties
+            drawn = random.Random(f"{rc.seed}/{s}/{parent.prompt_id}").choice(points)[0]
+            parents.setdefault(s, []).append((parent, chosen, drawn))
+    rows = []
+    for s, forks in parents.items():
         # Both arms: parent i's children are rows i·K … i·K + K − 1, sampled from the same engine seed.
-        outcomes = {arm: _children(cfg, task, engine, [(p, points[i]) for p, *points in parents],
-                                   by_id, options.children, seed=rc.seed + s * 1000 + 999)
+        outcomes = {arm: _children(cfg, task, engine, [(p, points[i]) for p, *points in forks],
+                                   by_id, options.children, seed=rc.seed + 1000 * s + 999)
                     for i, arm in enumerate(("entropy", "random"))}
-        for (parent, chosen, drawn), entropy_kids, random_kids in zip(parents, outcomes["entropy"], outcomes["random"]):
+        for (parent, chosen, drawn), entropy_kids, random_kids in zip(forks, outcomes["entropy"], outcomes["random"]):
             if chosen == drawn:  # the same point and the same seeds: the same children (batch effects aside)
                 random_kids = entropy_kids
             points = fork_points(parent, rc.entropy_segment)
-            rows.append({"prompt": parent.prompt_id, "seed": rc.seed + s, "parent_correct":
+            rows.append({"prompt": parent.prompt_id, "seed": s, "parent_correct":
                          bool(task.correct(by_id[parent.prompt_id], parent.response_text)),
                          "candidates": [{"point": p, "step_entropy": h} for p, h in points],
                          "entropy_point": chosen, "random_point": drawn, "same_point": chosen == drawn,
@@ -376,20 +373,22 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
     configured update on the batch's mini-batches (θ_k), then on every mini-batch, at θ_k and with π_old = θ₀:
     g_sg (the aepo loss) and g_hard (the same with ``sg_upper_clip=false``), and the gradients of the
     mini-batch's mean entropy and of its high-entropy tokens' mean log-prob."""
-    import torch
-
+    from aepo_rl.algorithms import get_policy_loss
     from aepo_rl.train.rl import RLTrainer, build_optimizer
 
     sg_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, policy_loss="aepo",
                                                                     sg_upper_clip=True))
     hard_cfg = dataclasses.replace(sg_cfg, algorithm=dataclasses.replace(sg_cfg.algorithm, sg_upper_clip=False))
-    trainer = RLTrainer(sg_cfg, model, tokenizer, task, engine)
+    aepo_loss = get_policy_loss("aepo")
+    trainer = RLTrainer(cfg, model, tokenizer, task, engine)  # rolls out and takes the k steps as configured
     params = [p for p in model.parameters() if p.requires_grad]
     start = {name: value.detach().clone() for name, value in model.state_dict().items()}
     rows = []
     for batch_index in range(options.batches):
         model.load_state_dict(start)
-        trainer.optimizer, trainer.scheduler = build_optimizer(sg_cfg, model)
+        if trainer.engine_syncs:
+            engine.sync_weights(model)
+        trainer.optimizer, trainer.scheduler = build_optimizer(cfg, model)
         trainer.global_step = batch_index  # the rollout seed and the data order of RL step ``batch_index``
         reseed(engine, cfg.rollout.seed + batch_index)
         groups, _ = trainer.generate()
@@ -399,7 +398,7 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
             trainer.optimizer_step(batch, mini_batches[step % len(mini_batches)], fixed,
                                    on_policy=first_on_policy and step == 0)
         for index, rows_index in enumerate(mini_batches):
-            grads = {arm: _loss_gradient(model, params, batch, rows_index, fixed, arm_cfg, trainer.policy_loss)
+            grads = {arm: _loss_gradient(model, params, batch, rows_index, fixed, arm_cfg, aepo_loss)
                      for arm, arm_cfg in (("sg", sg_cfg), ("hard", hard_cfg))}
             g_entropy, g_logp, counts = _objective_gradients(model, params, batch, rows_index, fixed, sg_cfg)
             extra = grads["sg"] - grads["hard"]
@@ -415,7 +414,7 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
                          "d_logp_high_hard": -float(g_logp @ grads["hard"])})
         model.eval()
     model.load_state_dict(start)
-    clipped = [r for r in rows if r["preserved_tokens"] > 0]
+    clipped = [r for r in rows if r["extra_grad_norm"] > 0]
     effects = []
     if clipped:
         shares = [r["norm_share"] for r in clipped if r["norm_share"] is not None]
@@ -425,8 +424,11 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
                                  [r["d_entropy_hard"] for r in clipped], ("sg", "hard"), "> 0"),
                    paired_effect("d log π(high-entropy tokens) along −g", [r["d_logp_high_sg"] for r in clipped],
                                  [r["d_logp_high_hard"] for r in clipped], ("sg", "hard"), "> 0")]
-    notes = [f"{len(clipped)} of {len(rows)} mini-batches had tokens above the upper bound with A > 0 that keep "
-             "their gradient (the effects are over those; the others have g_sg = g_hard exactly)"]
+    notes = [f"{len(clipped)} of {len(rows)} mini-batches had tokens above the upper bound with A > 0 whose gradient "
+             "the stop-gradient clip keeps (the effects are over those; the others have g_sg = g_hard exactly); "
+             f"upper-clipped tokens per mini-batch {fmean(r['upper_clipped_tokens'] for r in rows):.1f}, "
+             f"lower-clipped {fmean(r['lower_clipped_tokens'] for r in rows):.1f}, "
+             f"of {fmean(r['tokens'] for r in rows):.0f} tokens"]
     if clipped:
         from scipy import stats
 
@@ -436,7 +438,8 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
     else:
         notes.append("no upper-clipped token: raise the staleness (--stale-steps) or trainer.lr, or lower "
                      "algorithm.clip_ratio_high, to make the upper bound bind")
-    settings = {"stale_steps": options.stale_steps, "batch_size": cfg.trainer.batch_size,
+    settings = {"stale_steps": options.stale_steps, "update_loss": cfg.algorithm.policy_loss,
+                "batch_size": cfg.trainer.batch_size,
                 "mini_batch_size": cfg.trainer.mini_batch_size, "lr": cfg.trainer.lr,
                 "clip_ratio_high": cfg.algorithm.clip_ratio_high,
                 "entropy_adv_coef": cfg.algorithm.entropy_adv_coef,
@@ -497,9 +500,9 @@ def _objective_gradients(model, params, batch, rows, fixed, cfg: Config):
     positive = fixed.advantages[rows] > 0
     above = ratio > 1 + cfg.algorithm.clip_ratio_high
     counts = {"tokens": int(mini.sum()), "high_entropy_tokens": high_total,
-              "preserved_tokens": int((above & positive & mini).sum()),
-              "lower_clipped_tokens": int(((ratio < 1 - cfg.algorithm.clip_ratio_low) & ~positive & mini
-                                           & (fixed.advantages[rows] < 0)).sum())}
+              "upper_clipped_tokens": int((above & positive & mini).sum()),
+              "lower_clipped_tokens": int(((ratio < 1 - cfg.algorithm.clip_ratio_low) & (fixed.advantages[rows] < 0)
+                                           & mini).sum())}
     g_entropy, g_logp = torch.zeros_like(_flat_grad(params)), torch.zeros_like(_flat_grad(params))
     for micro in torch.split(rows, cfg.trainer.micro_batch_size):
         lp, ent = response_logprobs(model, batch.rows(micro), bf16=bf16, entropy_grad=True, temperature=temperature)

@@ -148,8 +148,9 @@ def test_fork_choice_forks_one_parent_at_its_entropy_point_and_a_random_one(tiny
         assert row["entropy_point"] == points[1]  # the point after the 2nd result: its reaction has H = 4
         assert row["children_entropy"] == [True, True] and not row["parent_correct"]
         assert row["children_random"] == [row["same_point"]] * 2
-    # Per seed: an engine seed per batch of parents (eval.batch_size = 3 prompts), then one seed for both arms' children.
-    assert seeds == [0, 1, 999, 999, 1000, 1001, 1999, 1999]
+    # An engine seed per batch of parents (eval.batch_size = 3 prompts) and seed; then per seed, the same engine
+    # seed for both arms' children.
+    assert seeds == [0, 1, 1000, 1001, 999, 999, 1999, 1999]
     effect = result.effects[0]
     assert effect["diff"]["n"] == 4 and effect["a"] == 1.0
     assert effect["diff"]["mean"] == pytest.approx(1 - sum(r["same_point"] for r in result.units) / 8)
@@ -186,16 +187,16 @@ def clip_probe(tokenizer, **algorithm):
     model = build_tiny_model(tokenizer, seed=1)
     start = [p.detach().clone() for p in model.parameters()]
     result = probes.run_probe("clip-gradient", cfg, ToolTask(), HFEngine(model, tokenizer, seed=0),
-                              probes.ProbeOptions(batches=2, stale_steps=2), model=model, tokenizer=tokenizer)
+                              probes.ProbeOptions(batches=1, stale_steps=2), model=model, tokenizer=tokenizer)
     assert all((p == s).all() for p, s in zip(model.parameters(), start))  # the checkpoint is left as it was
     return result
 
 
 def test_clip_gradient_keeps_nothing_when_no_token_is_upper_clipped(tiny_tokenizer):
     result = clip_probe(tiny_tokenizer, clip_ratio_high=1e6)
-    assert len(result.units) == 4  # 2 batches × 2 mini-batches
+    assert len(result.units) == 2  # 1 batch × 2 mini-batches
     for row in result.units:
-        assert row["preserved_tokens"] == 0 and row["extra_grad_norm"] == 0
+        assert row["upper_clipped_tokens"] == 0 and row["extra_grad_norm"] == 0
         assert row["d_entropy_sg"] == row["d_entropy_hard"]
     assert any(row["hard_grad_norm"] > 0 for row in result.units)  # there was a gradient to keep part of
     assert result.effects == []
@@ -203,7 +204,7 @@ def test_clip_gradient_keeps_nothing_when_no_token_is_upper_clipped(tiny_tokeniz
 
 def test_clip_gradient_measures_the_kept_gradient_when_tokens_are_upper_clipped(tiny_tokenizer):
     result = clip_probe(tiny_tokenizer, clip_ratio_high=1e-3, entropy_adv_coef=0.0)
-    clipped = [row for row in result.units if row["preserved_tokens"] > 0]
+    clipped = [row for row in result.units if row["upper_clipped_tokens"] > 0]
     assert clipped
     for row in clipped:
         assert row["norm_share"] > 0 and math.isclose(row["norm_share"], row["extra_grad_norm"] / row["hard_grad_norm"])
