@@ -1,4 +1,4 @@
-"""The `aepo` command: train | sft | eval | compare | rollout | verl-data | serve-search | report | config.
+"""The `aepo` command: train | sft | eval | compare | rollout | probe | verl-data | serve-search | report | config.
 
 Every command that builds a config takes ``--preset``, ``--config FILE.yaml`` and dotted
 overrides (``aepo train algorithm.clip_ratio_high=0.28 rollout.n=8``). Subcommands import
@@ -122,6 +122,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             cfg.model.path = str(found)
     return rollout_main(cfg, num_prompts=args.num_prompts, out_dir=args.out,
                         random_model=cfg.model.path is None and cfg.model.init is None, found_model=found)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from aepo_rl.probes import ProbeOptions, probe_main
+
+    extra = {"task.name": args.task} if args.task else {}
+    if args.model:
+        extra["model.path"] = args.model
+    cfg = _config(args, extra)
+    options = ProbeOptions(prompts=args.prompts, batches=args.batches, seeds=args.seeds, split=args.split,
+                           penalty=args.penalty, n=args.n, global_samples=args.global_samples, children=args.children,
+                           stale_steps=args.stale_steps)
+    return probe_main(args.probe, cfg, options, out_file=args.out)
 
 
 def cmd_verl_data(args: argparse.Namespace) -> int:
@@ -263,6 +276,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/rollout", help="folder of rollouts.jsonl (default runs/rollout)")
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")
     p.set_defaults(func=cmd_rollout)
+
+    from aepo_rl.probes import PROBES, ProbeOptions
+
+    defaults = ProbeOptions()
+    p = sub.add_parser("probe", parents=[plugin], help="measure one AEPO mechanism on a checkpoint, paired, with 95%% "
+                       "intervals (docs/mechanisms.md)")
+    p.add_argument("probe", choices=PROBES, help="the mechanism: " + ", ".join(PROBES))
+    _config_args(p)
+    p.add_argument("--model", default=None, help="Hugging Face model folder (default model.path: the tiny model)")
+    p.add_argument("--task", default=None, help="task name (default: config task.name)")
+    p.add_argument("--prompts", type=_count(1), default=defaults.prompts,
+                   help=f"prompts to probe (default {defaults.prompts})")
+    p.add_argument("--batches", type=_count(1), default=defaults.batches,
+                   help=f"clip-gradient: RL batches of trainer.batch_size prompts (default {defaults.batches})")
+    p.add_argument("--seeds", type=_count(1), default=defaults.seeds,
+                   help=f"rollout seeds per prompt, from rollout.seed on (default {defaults.seeds})")
+    p.add_argument("--split", default=defaults.split, help=f"the task split the prompts come from (default {defaults.split})")
+    p.add_argument("--penalty", type=float, default=None,
+                   help="branch-penalty: λ of the penalised arm, against λ = 0 (default rollout.branch_penalty)")
+    p.add_argument("--n", type=_count(2), default=defaults.n, help=f"branch-penalty: trajectories per tree (default {defaults.n})")
+    p.add_argument("--global-samples", type=_count(1), default=defaults.global_samples,
+                   help=f"branch-penalty: global samples per tree (default {defaults.global_samples})")
+    p.add_argument("--children", type=_count(1), default=defaults.children,
+                   help=f"fork-choice: children per fork point (default {defaults.children})")
+    p.add_argument("--stale-steps", type=_count(1), default=defaults.stale_steps,
+                   help=f"clip-gradient: optimizer steps between π_old and the probed policy (default {defaults.stale_steps})")
+    p.add_argument("--out", default=None, help="write the result, with every unit's raw values, as JSON here")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("verl-data", parents=[plugin], help="a task's train/val splits as verl parquet (docs/verl.md)")
     _config_args(p)

@@ -52,7 +52,7 @@ SKIPPED_PROGRAMS = {
 JOBS = {"train": ("aepo_rl.api", "train_main"), "sft": ("aepo_rl.train.sft", "sft_main"),
         "eval": ("aepo_rl.evaluate", "eval_main"), "compare": ("aepo_rl.compare", "compare_main"),
         "rollout": ("aepo_rl.rollout.cli", "rollout_main"), "serve-search": ("aepo_rl.tools.server", "serve_main"),
-        "report": ("aepo_rl.report", "report_main")}
+        "report": ("aepo_rl.report", "report_main"), "probe": ("aepo_rl.probes", "probe_main")}
 RUN = "runs/my-run"  # the run folder the docs' examples use (docs/training.md: the run folder)
 AEPO_LINE = re.compile(r"aepo\s+(-|[a-z])")  # a command, not a table row that starts with the preset's name
 CHECKPOINT_PATH = re.compile(r"checkpoints/(step_[^/\s`'\")\]]*)(/[\w.-]+)?")

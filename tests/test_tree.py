@@ -208,6 +208,7 @@ def test_previous_segment_path_penalty(tiny_tokenizer):
     assert m["rollout/consecutive_branch_share/l1"] == pytest.approx(1 / 3)
     assert m["rollout/consecutive_branch_share/l2"] == 0 and m["rollout/consecutive_branch_share/l3plus"] == 0
     assert m["rollout/branch_decisions"] == 4 and m["rollout/entropy_leverage"] == 0
+    assert result.branches.streaks == [0, 1, 0] and result.branches.streak_groups == [0, 0, 0]
     assert result.metrics["rollout/largest_subtree_share"] == 1.0
     assert all(t.finish_reason == "answer" for t in (t0, t1, t2, t3))
 

@@ -21,6 +21,8 @@ class BranchLog:
     """The largest l (``penalty_scope=path``) or c (``prompt_round``) reached."""
     streaks: list[int] = field(default_factory=list)
     """l (or c) in P_t of every decision that branched."""
+    streak_groups: list[int] = field(default_factory=list)
+    """The prompt (index in the call) of each entry of ``streaks``."""
     decisions: int = 0
     """Decisions made (candidates visited while their prompt had fewer than n trajectories)."""
     entropy_flips: int = 0

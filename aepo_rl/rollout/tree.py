@@ -57,6 +57,17 @@ class RolloutResult:
     metrics: dict[str, float]
     global_samples: list[int] = field(default_factory=list)
     """m per prompt: its first m trajectories are global samples; later roots are restarts (§1.5)."""
+    branches: BranchLog = field(default_factory=BranchLog)
+    """The branching decisions of the call (§1.4), each branch event with its prompt."""
+
+
+def fork_copy(src: Trajectory, traj_id: int, point: int) -> Trajectory:
+    """A child of ``src`` forked after its first ``point`` response tokens (§1.4): an exact copy of them (token
+    ids with the tool result, loss mask, log-probs, entropies, rounds), recording its parent and fork point."""
+    return Trajectory(prompt_id=src.prompt_id, traj_id=traj_id, parent_id=src.traj_id, fork_token_index=point,
+                      prompt_token_ids=list(src.prompt_token_ids), response_token_ids=src.response_token_ids[:point],
+                      loss_mask=src.loss_mask[:point], logprobs=src.logprobs[:point], entropies=src.entropies[:point],
+                      rounds=[copy.deepcopy(r) for r in src.rounds if r.end <= point])
 
 
 @dataclass
@@ -100,12 +111,7 @@ class _TreeRollout:
         lives.append(_Live(traj, g, self.engine.add_sequence(list(prompt[1]))))
 
     def _fork(self, groups, lives, parent: _Live, seq: int, point: int) -> None:
-        src = parent.traj
-        child = Trajectory(prompt_id=src.prompt_id, traj_id=len(groups[parent.group]), parent_id=src.traj_id,
-                           fork_token_index=point, prompt_token_ids=list(src.prompt_token_ids),
-                           response_token_ids=src.response_token_ids[:point], loss_mask=src.loss_mask[:point],
-                           logprobs=src.logprobs[:point], entropies=src.entropies[:point],
-                           rounds=[copy.deepcopy(r) for r in src.rounds if r.end <= point])
+        child = fork_copy(parent.traj, len(groups[parent.group]), point)
         groups[parent.group].append(child)
         lives.append(_Live(child, parent.group, seq, root_entropy=parent.root_entropy, streak=parent.streak))
 
@@ -202,6 +208,7 @@ class _TreeRollout:
             log.entropy_flips += (p >= cfg.branch_threshold) != (p_without_entropy >= cfg.branch_threshold)
             if p >= cfg.branch_threshold:
                 log.streaks.append(streak)
+                log.streak_groups.append(x.group)
                 if cfg.penalty_scope == "path":  # children inherit the incremented count
                     x.streak += 1
                     log.consecutive_max = max(log.consecutive_max, x.streak)
@@ -260,8 +267,8 @@ class _TreeRollout:
             traj.response_text = self.tok.decode(traj.response_token_ids, skip_special_tokens=False)
         return groups
 
-    def premonitor(self, prompts: list[tuple[str, list[int]]], n: int) -> list[int]:
-        """§1.3: m per prompt from a root probe and one complete tool-using rollout (both discarded).
+    def premonitor_probes(self, prompts: list[tuple[str, list[int]]]) -> list[tuple[float, Trajectory]]:
+        """§1.3's two probes per prompt: H_root of a root probe and one complete tool-using rollout.
 
         Their step entropies are sums over k tokens / ln|V| (the release's scale) whatever
         ``rollout.entropy_reduce``, which sets the reduction of ΔH only."""
@@ -273,17 +280,34 @@ class _TreeRollout:
         h_roots = [step_entropy(s, cfg.entropy_measure, cfg.entropy_k_tokens, self.engine.vocab_size, "sum")
                    for s in probes]
         pre = self.grow(prompts, [1] * len(prompts), 1, branching=False, reduce="sum")
-        ms = []
-        for h_root, (traj,) in zip(h_roots, pre):
-            # release: every segment of the pre-rollout; paper: the segments after a tool result.
-            steps = traj.rounds if cfg.premonitor_formula == "release" else traj.rounds[1:]
-            h_tool = sum(r.step_entropy for r in steps) / len(steps) if traj.num_tool_calls and steps else h_root
-            ms.append(premonitor_global_samples(n, h_root, h_tool, formula=cfg.premonitor_formula,
-                                                beta=cfg.premonitor_beta))
-        return ms
+        return [(h_root, traj) for h_root, (traj,) in zip(h_roots, pre)]
+
+    def premonitor(self, prompts: list[tuple[str, list[int]]], n: int) -> list[int]:
+        """§1.3: m per prompt from the two probes (both discarded)."""
+        cfg = self.cfg
+        return [premonitor_global_samples(n, h_root, tool_entropy(traj, h_root, cfg.premonitor_formula),
+                                          formula=cfg.premonitor_formula, beta=cfg.premonitor_beta)
+                for h_root, traj in self.premonitor_probes(prompts)]
+
+    def extend(self, trajectories: list[Trajectory]) -> None:
+        """Generate partial trajectories (each a copy of a prefix that ends right after a tool result) to
+        their end, without branching."""
+        lives = [_Live(t, i, self.engine.add_sequence(t.prompt_token_ids + t.response_token_ids))
+                 for i, t in enumerate(trajectories)]
+        while live := [x for x in lives if x.active]:
+            self._generate_round(live, self.cfg.entropy_reduce)
+        for traj in trajectories:
+            traj.response_text = self.tok.decode(traj.response_token_ids, skip_special_tokens=False)
 
     def close(self) -> None:
         self.runner.close()
+
+
+def tool_entropy(traj: Trajectory, h_root: float, formula: str) -> float:
+    """H_tool_avg of §1.3 from the pre-rollout ``traj``: the mean step entropy of its segments after a tool
+    result (``paper``) or of all its segments (``release``); ``h_root`` when it made no call."""
+    steps = traj.rounds if formula == "release" else traj.rounds[1:]
+    return sum(r.step_entropy for r in steps) / len(steps) if traj.num_tool_calls and steps else h_root
 
 
 def _sampling(cfg: RolloutConfig, tools: dict[str, Tool], validation: bool,
@@ -335,4 +359,29 @@ def run_rollout(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], 
         tree.close()
     seconds = time.perf_counter() - t0
     counters = {k: v - counters_before.get(k, 0.0) for k, v in engine.stats().items()}
-    return RolloutResult(groups, rollout_metrics(groups, ms, tree.branches, counters, seconds), ms)
+    return RolloutResult(groups, rollout_metrics(groups, ms, tree.branches, counters, seconds), ms, tree.branches)
+
+
+def premonitor_probes(engine: GenerationEngine, prompts: list[tuple[str, list[int]]], tools: dict[str, Tool],
+                      cfg: RolloutConfig, *, seed: int | None = None) -> list[tuple[float, Trajectory]]:
+    """§1.3's probes of each prompt, as a tree rollout in aepo mode runs them: H_root and the pre-rollout
+    trajectory (its H_tool_avg is :func:`tool_entropy`'s), sampled with ``cfg``'s training settings."""
+    tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, False, None),
+                        random.Random(cfg.seed if seed is None else seed), RolloutState())
+    try:
+        return tree.premonitor_probes(prompts)
+    finally:
+        tree.close()
+
+
+def continue_rollout(engine: GenerationEngine, trajectories: list[Trajectory], tools: dict[str, Tool],
+                     cfg: RolloutConfig, *, sampling: SamplingParams | None = None) -> None:
+    """Generate each partial trajectory to its end in place, in one batch per round and without branching,
+    as a child forked at its last token would be (§1.4, §1.5): a copy of a parent's first
+    ``fork_token_index`` response tokens, which end right after a tool result."""
+    tree = _TreeRollout(engine, tools, cfg, _sampling(cfg, tools, False, sampling), random.Random(cfg.seed),
+                        RolloutState())
+    try:
+        tree.extend(trajectories)
+    finally:
+        tree.close()
