@@ -106,6 +106,9 @@ class TaskConfig:
     search_noise: float = knob(0.0, "Synthetic: probability that a search's top page is that of another entity of the same kind, drawn deterministically from the task seed and the query; the teacher sees the wrong title and searches again with a reformulated query (0 = off; at most 0.5).", ge=0, le=0.5)
     search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's demonstrations short: it reads one document).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
+    val_corpus: str | None = knob(None, "File task and evaluation sets: search corpus (JSONL or 'wiki') of the evaluation "
+                                        "splits (dev, test, val: task.val_files), e.g. the documents of held-out worlds; "
+                                        "None searches task.corpus in every split.")
 
 
 @dataclass
@@ -572,6 +575,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(error)
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
         raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size={cfg.trainer.batch_size}")
+    if cfg.task.val_corpus and cfg.task.search_url:
+        raise ConfigError(f"task.val_corpus={cfg.task.val_corpus} is searched in-process, but task.search_url="
+                          f"{cfg.task.search_url} answers every split's searches: unset one (to evaluate on another "
+                          "server's corpus, run `aepo eval` with that server's task.search_url)")
     if cfg.task.min_hops > cfg.task.max_hops:
         raise ConfigError(f"task.min_hops={cfg.task.min_hops} must be <= task.max_hops={cfg.task.max_hops}: "
                           f"raise task.max_hops or lower task.min_hops")

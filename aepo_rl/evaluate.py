@@ -24,7 +24,7 @@ from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
-from aepo_rl.tasks.base import Example, Task
+from aepo_rl.tasks.base import Example, Task, split_tools
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def evaluate(engine, task: Task, examples: list[Example], cfg: Config, split_nam
     k = 1 if cfg.eval.greedy else cfg.eval.samples
     rollout_cfg = dataclasses.replace(cfg.rollout, mode="independent", n=k)
     sampling = eval_sampling(cfg)
-    tools = task.tools()
+    tools = split_tools(task, split_name)
     groups: list[list[Trajectory]] = []
     with PhaseProgress(f"eval {task.name}/{split_name} ({k} samples each)", len(examples),
                        unit="questions") as progress:
