@@ -38,8 +38,9 @@ from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.sft_data import load_sft_data
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
                                     _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
-                                    before_after_table, check_rl_engine, evaluate_model, load_run_config, new_run_dir,
-                                    resume_config, run_rl_stage, run_started, run_sft_stage, write_plots)
+                                    before_after_table, check_rl_engine, evaluate_model, evaluation_title,
+                                    load_run_config, new_run_dir, resume_config, run_rl_stage, run_started,
+                                    run_sft_stage, write_plots)
 from aepo_rl.trl_config import Mapped, explicit_fields, known, map_trl_args
 
 DATASET_RUN = "dataset_run.json"
@@ -349,7 +350,7 @@ class AEPOTrainer:
             raise
         write_plots(run_dir)
         if results.get("sft") or results.get("rl"):
-            get_console().print(before_after_table(results))
+            get_console().print(before_after_table(results, evaluation_title(cfg, task, self._sft_data)))
         stages = ", ".join(f"{stage} {value:.0f} s" for stage, value in seconds.items())
         get_console().print(f"done in {time.perf_counter() - t_start:.0f} s ({stages}); results in {run_dir}")
         self.results = results

@@ -128,6 +128,9 @@ class TaskConfig:
     phantomwiki_max_searches: int = knob(4, "PhantomWiki: the teacher demonstrates only training questions its chain "
                                             "answers in at most this many searches (every question still trains RL "
                                             "and is evaluated).", ge=1)
+    val_corpus: str | None = knob(None, "File task and evaluation sets: search corpus (JSONL or 'wiki') of the evaluation "
+                                        "splits (dev, test, val: task.val_files), e.g. the documents of held-out worlds; "
+                                        "None searches task.corpus in every split.")
 
 
 @dataclass
@@ -421,6 +424,29 @@ def _closest(name: str, options: list[str]) -> str:
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
+def _leaf_keys(obj: Any, prefix: str = "") -> list[str]:
+    """Every settable dotted key under the section ``obj`` (``trainer.steps``, ``model.tiny_hidden_size`` …)."""
+    keys = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        keys += _leaf_keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [prefix + f.name]
+    return keys
+
+
+def _closest_key(name: str, cfg: Config) -> str:
+    """The hint for an unknown top-level key ``name`` (``steps=10``): the keys whose last part is ``name``
+    (``trainer.steps``), else a section spelled almost so (``modle``), else the keys whose last part is close."""
+    leaves = [key for key in _leaf_keys(cfg) if "." in key]
+    found = [key for key in leaves if key.rsplit(".", 1)[1] == name]
+    sections = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(cfg)], n=1, cutoff=0.75)
+    if not found and sections:
+        return f"; did you mean '{sections[0]}'?"
+    if not found:
+        close = difflib.get_close_matches(name, [key.rsplit(".", 1)[1] for key in leaves], n=3, cutoff=0.75)
+        found = [key for key in leaves if key.rsplit(".", 1)[1] in close]
+    return f"; did you mean {' or '.join(repr(key) for key in found[:3])}?" if found else ""
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -481,7 +507,8 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
         if part not in names:
             prefix = ".".join(parts[:depth])
             full = [f"{prefix}.{n}" if prefix else n for n in names]
-            hint = trl_hint(dotted) or _closest(dotted, full) or f"; valid keys: {', '.join(full)}"
+            close = _closest_key(dotted, cfg) if depth == 0 and len(parts) == 1 else _closest(dotted, full)
+            hint = trl_hint(dotted) or close or f"; valid keys: {', '.join(full)}"
             raise ConfigError(f"unknown config key '{dotted}'{hint}")
         tp = _field_types(type(obj))[part]
         if depth == len(parts) - 1:
@@ -496,6 +523,52 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
         if not _is_section(tp):
             raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' is not a section; '{dotted}' cannot be set")
         obj = getattr(obj, part)
+
+
+CIRCUIT_MIN_HEAD_DIM = 30
+"""The induction circuit's head needs this many dimensions: RoPE pairs for the previous-token match and
+for the token match (aepo_rl/train/copy_warmup.py)."""
+
+
+def circuit_heads(hidden_size: int, head_dim: int) -> int:
+    """Key/value heads each layer of the induction circuit uses: one per ``head_dim`` coordinates of the
+    half of the residual stream it moves (aepo_rl/train/copy_warmup.py)."""
+    return -(-(hidden_size // 2) // head_dim)
+
+
+def circuit_shape_error(hidden_size: int, layers: int, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why a tiny model of these sizes cannot hold the induction circuit (``model.tiny_init=induction``),
+    naming the ``model.tiny_*`` keys and a fix, or None."""
+    sizes = f"model.tiny_hidden_size={hidden_size} with model.tiny_head_dim={head_dim}"
+    if layers < 2:
+        return (f"the induction circuit (model.tiny_init=induction) needs at least 2 layers, got "
+                f"model.tiny_num_layers={layers}: set model.tiny_num_layers=2, or model.tiny_init=random")
+    if head_dim < CIRCUIT_MIN_HEAD_DIM:
+        return (f"the induction circuit (model.tiny_init=induction) needs model.tiny_head_dim >= {CIRCUIT_MIN_HEAD_DIM} "
+                f"(RoPE pairs for its position and token matches), got {head_dim}: raise model.tiny_head_dim (64 is "
+                "the default), or set model.tiny_init=random")
+    needed = circuit_heads(hidden_size, head_dim)
+    if needed > kv_heads:
+        wider = -(-(hidden_size // 2) // kv_heads)
+        return (f"{sizes} needs {needed} key/value heads for the induction circuit (model.tiny_init=induction: each "
+                f"layer moves hidden_size/2 = {hidden_size // 2} coordinates, head_dim per head), but "
+                f"model.tiny_num_kv_heads={kv_heads}: set model.tiny_num_heads={max(needed, heads)} "
+                f"model.tiny_num_kv_heads={needed}, or model.tiny_head_dim={max(wider, CIRCUIT_MIN_HEAD_DIM)}, "
+                "or model.tiny_init=random")
+    return None
+
+
+def tiny_shape_error(model: ModelConfig) -> str | None:
+    """Why the ``model.tiny_*`` sizes cannot build the tiny model (heads that do not group, or a shape
+    without room for the induction circuit when ``model.tiny_init=induction``), or None."""
+    if model.tiny_num_heads % model.tiny_num_kv_heads:
+        return (f"model.tiny_num_heads={model.tiny_num_heads} must be a multiple of model.tiny_num_kv_heads="
+                f"{model.tiny_num_kv_heads} (each key/value head serves a group of query heads): set them equal, "
+                "or the heads to a multiple")
+    if model.tiny_init != "induction":
+        return None
+    return circuit_shape_error(model.tiny_hidden_size, model.tiny_num_layers, model.tiny_num_heads,
+                               model.tiny_num_kv_heads, model.tiny_head_dim)
 
 
 def validate(cfg: Config) -> Config:
@@ -528,10 +601,16 @@ def validate(cfg: Config) -> Config:
     if not DEVICE_NAME.fullmatch(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r} is not allowed; choose one of {list(DEVICES)} "
                           "(N = a GPU index, e.g. cuda:1)")
+    if cfg.model.path is None and cfg.model.init is None and (error := tiny_shape_error(cfg.model)):
+        raise ConfigError(error)
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
         raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size="
                           f"{cfg.trainer.batch_size}: lower trainer.mini_batch_size, or leave it unset (it then follows "
                           "a smaller trainer.batch_size)")
+    if cfg.task.val_corpus and cfg.task.search_url:
+        raise ConfigError(f"task.val_corpus={cfg.task.val_corpus} is searched in-process, but task.search_url="
+                          f"{cfg.task.search_url} answers every split's searches: unset one (to evaluate on another "
+                          "server's corpus, run `aepo eval` with that server's task.search_url)")
     if cfg.task.min_hops > cfg.task.max_hops:
         raise ConfigError(f"task.min_hops={cfg.task.min_hops} must be <= task.max_hops={cfg.task.max_hops}: "
                           f"raise task.max_hops or lower task.min_hops")

@@ -24,8 +24,7 @@ from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
-from aepo_rl.tasks.base import Example, Task
-from aepo_rl.tasks.common import split_tools
+from aepo_rl.tasks.base import Example, Task, split_tools
 
 log = logging.getLogger(__name__)
 

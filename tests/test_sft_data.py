@@ -17,7 +17,7 @@ from aepo_rl.tasks.common import system_prompt
 from aepo_rl.tasks.loaders import DatasetError
 from aepo_rl.tools.base import tool_factory
 from aepo_rl.train.sft import tokenize_demonstration
-from aepo_rl.train.sft_data import SFTData, load_sft_data, parse_row, read_file
+from aepo_rl.train.sft_data import SFTData, load_sft_data, parse_row, read_file, spaced_values
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "sft"
@@ -25,7 +25,10 @@ TOOLS = {name: tool_factory(name) for name in ("search", "python")}
 RESULT = "Page 1: Velmora — Velmora was founded in 1874 by Ada Korrin."
 ANSWER = "<answer>\\boxed{Ada Korrin}</answer>"
 # The one trajectory every layout below writes: a search, its result, the answer.
-XML_PIECES = [("<search>Velmora founder</search>", True), (f" <result>\n{RESULT}\n</result>", False), (f" {ANSWER}", True)]
+# Copied values are written after a space, as the teacher writes them (spaced_values).
+SPACED_ANSWER = "<answer>\\boxed{ Ada Korrin}</answer>"
+XML_PIECES = [("<search> Velmora founder</search>", True), (f" <result>\n{RESULT}\n</result>", False),
+              (f" {SPACED_ANSWER}", True)]
 
 
 def rendered(row: dict, fmt: str = "xml", tokenizer=None) -> list[tuple[str, bool]]:
@@ -97,9 +100,9 @@ def test_parallel_tool_calls_become_one_call_per_round_in_order():
     row = {"messages": [user(), assistant("<think>two pages</think>", tool_calls=[
         openai_call(arguments={"query": "Velmora founder"}), openai_call("python", {"code": "print(2024 - 1874)"})]),
         tool(), tool("150"), assistant("<answer>\\boxed{150}</answer>")]}
-    assert rendered(row) == [("<think>two pages</think>", True), (" <search>Velmora founder</search>", True),
+    assert rendered(row) == [("<think>two pages</think>", True), (" <search> Velmora founder</search>", True),
                              (f" <result>\n{RESULT}\n</result>", False), (" <python>print(2024 - 1874)</python>", True),
-                             (" <result>\n150\n</result>", False), (" <answer>\\boxed{150}</answer>", True)]
+                             (" <result>\n150\n</result>", False), (" <answer>\\boxed{ 150}</answer>", True)]
 
 
 def test_calls_are_written_in_the_rollout_format(tiny_tokenizer):
@@ -107,10 +110,10 @@ def test_calls_are_written_in_the_rollout_format(tiny_tokenizer):
     a ChatML tokenizer, exactly as Protocol writes them for the rollout."""
     protocol = Protocol(TOOLS, "hermes")
     pieces = rendered(SAME_TRAJECTORY["messages with OpenAI tool_calls"], "hermes", tiny_tokenizer)
-    assert pieces == [(protocol.format_call("search", "Velmora founder"), True),
-                      (protocol.format_result(RESULT, tiny_tokenizer), False), (ANSWER, True)]
+    assert pieces == [(protocol.format_call("search", " Velmora founder"), True),
+                      (protocol.format_result(RESULT, tiny_tokenizer), False), (SPACED_ANSWER, True)]
     assert "<|im_start|>user\n<tool_response>" in pieces[1][0]
-    exported = {"messages": [user(), assistant(pieces[0][0] + pieces[1][0] + ANSWER)]}
+    exported = {"messages": [user(), assistant(pieces[0][0] + pieces[1][0] + SPACED_ANSWER)]}
     assert rendered(exported, "hermes", tiny_tokenizer) == pieces  # a Hermes rollout read back
 
 
@@ -125,7 +128,42 @@ def test_tool_result_tokens_have_loss_mask_zero_and_ids_are_built_piece_by_piece
     masked = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 0])
     trained = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 1])
     assert RESULT in masked and "<result>" in masked and "Velmora founder" not in masked
-    assert trained == f"<search>Velmora founder</search> {ANSWER}<|im_end|>"
+    assert trained == f"<search> Velmora founder</search> {SPACED_ANSWER}<|im_end|>"
+
+
+def _contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[i:i + len(part)] == part for i in range(len(ids) - len(part) + 1))
+
+
+def test_a_copied_value_is_the_same_tokens_in_the_demo_as_in_the_question_and_the_result(tiny_tokenizer):
+    """Demonstrations written like examples/sft (no space before a copied name) are rendered with one, as the
+    teacher writes them, so the name in the call and the answer is the question's and the result's tokens."""
+    question, result = "Where was Ada Korrin born?", "Page 1: Ada Korrin — Ada Korrin was born in Velmora."
+    row = {"messages": [user(question), assistant(None, tool_calls=[openai_call(arguments={"query": "Ada Korrin"})]),
+                        tool(result), assistant("<answer>\\boxed{Velmora}</answer>")]}
+    demo = parse_row(row, "x").demonstration(Protocol(TOOLS, "xml"), tiny_tokenizer, 0)
+    encode = lambda text: tiny_tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    name, place = encode(" Ada Korrin"), encode(" Velmora")
+    assert encode("Ada Korrin")[0] != name[0]  # written without its space the name would be other tokens
+    assert _contains(encode(question), name) and _contains(encode(result), place)
+    (call, _), (answer, _) = demo.pieces[0], demo.pieces[2]
+    assert _contains(encode(call), name) and _contains(encode(answer), place)
+    sample = tokenize_demonstration(tiny_tokenizer, demo, max_length=512)
+    trained = [t for t, m in zip(sample.input_ids, sample.loss_mask) if m]
+    assert _contains(trained, name) and _contains(trained, place)
+
+
+def test_calls_written_in_text_get_the_space_and_code_does_not():
+    text = ("<think>look up</think><search>Ada Korrin</search>, <search> Velmora</search>, <python>print(1)</python>"
+            " <answer>\\boxed{1874} or \\boxed{ 1874}</answer>")
+    assert spaced_values(Protocol(TOOLS, "xml"), text) == (
+        "<think>look up</think><search> Ada Korrin</search>, <search> Velmora</search>, <python>print(1)</python>"
+        " <answer>\\boxed{ 1874} or \\boxed{ 1874}</answer>")
+    hermes = Protocol(TOOLS, "hermes")
+    written = ('<tool_call>{"name": "search", "arguments": {"query": "Ada Korrin"}}</tool_call>'
+               '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call><tool_call>not json</tool_call>')
+    assert spaced_values(hermes, written) == (hermes.format_call("search", " Ada Korrin") +
+                                              hermes.format_call("python", "print(1)") + "<tool_call>not json</tool_call>")
 
 
 # ---------------------------------------------------------------- files

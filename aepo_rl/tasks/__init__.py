@@ -6,7 +6,7 @@ A task is registered by name with ``@register_task(name)`` on a factory ``(cfg: 
 
 from __future__ import annotations
 
-from aepo_rl.config import Config
+from aepo_rl.config import Config, ConfigError
 from aepo_rl.registry import TASKS, register_task
 from aepo_rl.tasks.base import Demonstration, Example, Task
 from aepo_rl.tasks.common import ToolOptions
@@ -21,7 +21,12 @@ def get_task(cfg: Config) -> Task:
     (``task.train_files`` / ``task.val_files``), an evaluation set name (``hotpotqa``, ``gsm8k`` …) or
     one of yours. Its search tool queries ``task.search_url`` when set, else an in-process index of its
     corpus (cached under ``model.cache_dir``); its tools follow ``rollout.tool_timeout`` / ``tool_workers``."""
-    return TASKS.lookup(cfg.task.name)(cfg)
+    task = TASKS.lookup(cfg.task.name)(cfg)
+    if cfg.task.val_corpus and not hasattr(task, "split_tools"):
+        raise ConfigError(f"task.val_corpus={cfg.task.val_corpus}: task '{cfg.task.name}' does not read it (its "
+                          "evaluation splits search the task's own corpus); it is for task.name=file and the "
+                          "evaluation sets: unset it")
+    return task
 
 
 @register_task("synthetic")

@@ -64,3 +64,10 @@ class Task(Protocol):
 
     def texts(self) -> list[str]:
         """Representative text (corpus, prompts, demonstrations) to train a tokenizer on."""
+
+
+def split_tools(task: Task, split: str) -> dict[str, Tool]:
+    """The tools of a rollout on ``split``: ``task.split_tools(split)`` when the task has one (the file task searches
+    ``task.val_corpus`` in its evaluation splits), else ``task.tools()``."""
+    tools_of = getattr(task, "split_tools", None)
+    return tools_of(split) if tools_of is not None else task.tools()

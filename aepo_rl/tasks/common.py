@@ -36,13 +36,6 @@ def split_examples(task_name: str, splits: dict[str, list[Example]], split: str)
     return splits[split]
 
 
-def split_tools(task, split: str) -> dict[str, Tool]:
-    """The tools the questions of ``split`` use: the task's ``split_tools(split)`` when it has one (a task whose
-    held-out questions search a corpus of their own, as phantomwiki's universes), else its ``tools()``."""
-    own = getattr(task, "split_tools", None)
-    return own(split) if own is not None else task.tools()
-
-
 SANDBOX_TIMEOUT_SHARE = 0.8
 """The python sandbox's timeout as a share of ``rollout.tool_timeout``: the sandbox kills the code and
 reports the timeout itself before the rollout stops waiting for the call."""

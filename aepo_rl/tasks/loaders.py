@@ -7,13 +7,14 @@ Two row layouts are accepted, detected per row:
 - evaluation rows: ``question`` and ``answer`` (a string or a list of strings).
 
 ``task.name=file`` reads ``task.train_files`` (split "train") and ``task.val_files`` (splits
-"dev", "test" and "val"); ``task.name=<eval set>`` (e.g. ``hotpotqa``) does the same with the
+"dev", "test" and "val", which search ``task.val_corpus`` when it is set); ``task.name=<eval set>`` (e.g. ``hotpotqa``) does the same with the
 set's default reward and tools (§5 benchmarks). A prompt without a system message gets the tool
 protocol's (§1.1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,9 @@ from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
 from aepo_rl.rewards import WeightedRewards, gold_answers
 from aepo_rl.tasks.base import Example
-from aepo_rl.tasks.common import ToolOptions, chat_messages, system_prompt
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
 from aepo_rl.tasks.dataset import DatasetTask
+from aepo_rl.tools.base import Tool
 
 
 class DatasetError(UserError, ValueError):
@@ -116,7 +118,8 @@ def _field(row: dict, dotted: str, where: str, needed_by: str = ""):
 def row_to_example(row: dict, where: str, example_id: str, default_source: str,
                    tools: tuple = ("search", "python"), fmt: str = "xml", answer_for: str | None = "") -> Example:
     """One row as an Example; ``where`` names file and row. Layouts: verl's (``prompt`` = messages,
-    ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer.
+    ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer;
+    in each, an ``extra_info`` object is kept as the example's (``hops`` gives the per-hop tables).
     ``tools`` (names or tools) are described, in tool-call format ``fmt``, in the system message a prompt
     without one gets. ``answer_for``: what needs the gold answer (named when it is missing); None: nothing
     does, and a ``prompt`` row without one is a prompt-only row (TRL's habit) with no gold answers."""
@@ -128,7 +131,6 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
         answers = [] if prompt_only else gold_answers(_field(row, gold if "reward_model" in row else "answer", where,
                                                              answer_for))
         messages = chat_messages(question, system_prompt(tools, fmt))
-        extra_info = dict(row.get("extra_info") or {})
     elif "prompt" in row:
         messages = _field(row, "prompt", where)
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
@@ -142,15 +144,17 @@ def row_to_example(row: dict, where: str, example_id: str, default_source: str,
         if messages[0]["role"] != "system":
             messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
         answers = [] if prompt_only else gold_answers(_field(row, gold, where, answer_for))
-        extra_info = dict(row.get("extra_info") or {})
     else:
         question = str(_field(row, "question", where))
         answers = [] if prompt_only else gold_answers(_field(row, "answer", where, answer_for))
         messages = chat_messages(question, system_prompt(tools, fmt))
-        extra_info = {}
+    extra_info = row.get("extra_info") or {}
+    if not isinstance(extra_info, dict):
+        raise DatasetError(f"{where}: field 'extra_info' must be an object of per-question facts, e.g. "
+                           f'{{"hops": 2}}, got {type(extra_info).__name__}')
     return Example(id=example_id, question=question, answers=answers,
                    data_source=str(row.get("data_source") or default_source), messages=messages,
-                   ability=str(row.get("ability") or "agent"), extra_info=extra_info, row=dict(row))
+                   ability=str(row.get("ability") or "agent"), extra_info=dict(extra_info), row=dict(row))
 
 
 def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python"),
@@ -195,3 +199,15 @@ class FileTask(DatasetTask):
                          tools=self.allowed_tools, task_cfg=task_cfg, tool_options=tool_options,
                          id_prefix=stems.__getitem__)
         self.cfg = task_cfg
+        self._eval_tools: dict[str, Tool] | None = None
+
+    def split_tools(self, split: str) -> dict[str, Tool]:
+        """The tools of a rollout on ``split``: those of :meth:`tools`, with search over ``task.val_corpus`` in
+        the evaluation splits (dev, test, val) when it is set, so held-out questions search their own documents."""
+        if split == "train" or not self.cfg.val_corpus or "search" not in self.allowed_tools:
+            return self.tools()
+        if self._eval_tools is None:
+            search = build_tools(dataclasses.replace(self.cfg, corpus=self.cfg.val_corpus), allowed=("search",),
+                                 options=self.tool_options)
+            self._eval_tools = {**self.tools(), **search}
+        return self._eval_tools

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from aepo_rl.config import CIRCUIT_MIN_HEAD_DIM, circuit_heads, circuit_shape_error
 from aepo_rl.train.forward import lm_head, packed_hidden
 
 COPY_BATCH = 32
@@ -102,17 +103,32 @@ def repeated_half_accuracy(logits: torch.Tensor, ids: torch.Tensor, mask: torch.
 
 
 PREV_PAIRS = 3
-MATCH_PAIRS = 12
+MATCH_PAIRS = CIRCUIT_MIN_HEAD_DIM // 2 - PREV_PAIRS
 CONSTANT = 2.5
 ATTENTION_GAIN = 2.0
 COPY_WRITE = 5.0
 LOGIT_SCALE = 0.2
+REFERENCE_WIDTH = 128
 """The induction circuit's sizes: RoPE frequency pairs of the previous-token head's position
 match (the fastest), pairs of the induction head's token match (the slowest, which barely turn
-over a few hundred positions), the constant embedding coordinate (token coordinates have unit
-scale) that gives the first head a content-free query and key, the factor on the two heads' q/k
-norm weights that sharpens their softmax, how strongly the induction head writes the copied token
-against the current token's embedding, and the final norm's weight (the logits' scale)."""
+over a few hundred positions; together they fill ``CIRCUIT_MIN_HEAD_DIM``), the constant embedding
+coordinate (token coordinates have unit scale) that gives the first head a content-free query and
+key, the factor on the two heads' q/k norm weights that sharpens their softmax, how strongly the
+induction head writes the copied token against the current token's embedding, and the final norm's
+weight at the default width ``REFERENCE_WIDTH`` (the logits' scale; it falls as 1/width, see
+:func:`induction_circuit`)."""
+
+
+def _head_rows(j: int, head_dim: int) -> slice:
+    return slice(j * head_dim, (j + 1) * head_dim)
+
+
+def _diagonal(rows: int, cols: int, row: int, col: int, count: int) -> torch.Tensor:
+    """[rows, cols] zeros with ones at (row + i, col + i) for i < count (none when count ≤ 0)."""
+    out = torch.zeros(rows, cols)
+    i = torch.arange(max(count, 0))
+    out[row + i, col + i] = 1.0
+    return out
 
 
 @torch.no_grad()
@@ -123,28 +139,38 @@ def induction_circuit(model, seed: int = 0) -> None:
 
     - the residual stream is split in halves: the token's embedding lives in the first half (its
       last coordinate a constant), the second half starts empty;
-    - layer 0, head 0 attends to the previous position: its query and key read only the constant
+    - layer 0 attends to the previous position: its query and key read only the constant
       coordinate, so their dot product depends on the relative position alone, a RoPE phase that
       peaks at an offset of one; it writes the previous token's (normalised) embedding into the
       second half;
-    - layer 1, head 0 attends to the positions whose previous token is the current token: query
-      (the first half) and key (the second half) pass through one random map into RoPE's slowest
-      pairs; it writes the attended token's embedding into the first half, so the tied LM head
-      predicts the token that followed the current one last time.
+    - layer 1 attends to the positions whose previous token is the current token: query (the first
+      half) and key (the second half) pass through one random map into RoPE's slowest pairs; it
+      writes the attended token's embedding into the first half, so the tied LM head predicts the
+      token that followed the current one last time.
+
+    A head carries ``head_dim`` coordinates of the half it moves, so each layer's circuit is the first
+    ``ceil(hidden_size/2 / head_dim)`` key/value heads (one at the default 128 wide with head_dim 64),
+    all with the same query and key (:func:`circuit_heads`): head j moves coordinates j·head_dim onwards.
+    Under grouped-query attention the circuit's query heads are the first of each key/value head's group.
 
     Every other head's and every MLP's output projection starts at zero (as nanochat initialises
     them), so nothing else writes into the stream until training moves them; their other weights
     keep their random initialisation. The embeddings have unit scale (as nanochat's), not the
     initializer's 0.02: AdamW moves every weight by about its learning rate per step, which at 0.02
-    takes the circuit apart (docs/results.md); at unit scale training sharpens it instead.
+    takes the circuit apart (docs/results.md); at unit scale training sharpens it instead. A token's
+    logit against its own embedding grows with the width (its squared norm), so the final norm's
+    weight is ``LOGIT_SCALE`` × ``REFERENCE_WIDTH`` / width: at 256 wide the default's scale made the
+    first warm-up steps take the circuit apart (copy accuracy 0.93 → 0.02, docs/results.md).
     """
     core, config = model.model, model.config
     width, head_dim = config.hidden_size, config.head_dim
+    error = circuit_shape_error(width, config.num_hidden_layers, config.num_attention_heads,
+                                config.num_key_value_heads, head_dim)
+    if error:
+        raise ValueError(error)
     half, pairs = width // 2, head_dim // 2
-    if config.num_hidden_layers < 2 or half > head_dim or pairs < PREV_PAIRS + MATCH_PAIRS:
-        raise ValueError(f"the induction circuit needs at least 2 layers, head_dim ≥ hidden_size/2 and head_dim ≥ "
-                         f"{2 * (PREV_PAIRS + MATCH_PAIRS)} (got {config.num_hidden_layers} layers, head_dim {head_dim}, "
-                         f"hidden_size {width}): change the tiny_* sizes or set model.tiny_init=random")
+    heads = circuit_heads(width, head_dim)
+    group = config.num_attention_heads // config.num_key_value_heads
     embed = core.embed_tokens.weight
     first, second = core.layers[0].self_attn, core.layers[1].self_attn
     theta = config.rope_parameters["rope_theta"]
@@ -159,30 +185,36 @@ def induction_circuit(model, seed: int = 0) -> None:
     constant = torch.zeros(width)
     constant[half - 1] = 1.0
 
-    # layer 0, head 0: the query is the key rotated back by one position: q·R(−Δ)k = Σ cos((Δ−1)ω)
+    # layer 0: the query is the key rotated back by one position: q·R(−Δ)k = Σ cos((Δ−1)ω)
     key, query = torch.zeros(head_dim), torch.zeros(head_dim)
     for i in range(PREV_PAIRS):
         key[i] = 1.0
         query[i], query[i + pairs] = math.cos(frequency[i]), -math.sin(frequency[i])
-    first.q_proj.weight[:head_dim] = torch.outer(query, constant)
-    first.k_proj.weight[:head_dim] = torch.outer(key, constant)
     fast = [*range(PREV_PAIRS), *range(pairs, pairs + PREV_PAIRS)]
     first.q_norm.weight[fast] *= ATTENTION_GAIN
     first.k_norm.weight[fast] *= ATTENTION_GAIN
-    token_half = torch.eye(head_dim, width) * (torch.arange(width) < half)  # the head's value: the token's half
-    first.v_proj.weight[:head_dim] = token_half
-    first.o_proj.weight[half:, :head_dim] = torch.eye(width - half, head_dim)
+    for j in range(heads):  # head j: the value is coordinates j·head_dim… of the token's half
+        q, kv = _head_rows(j * group, head_dim), _head_rows(j, head_dim)
+        first.q_proj.weight[q] = torch.outer(query, constant)
+        first.k_proj.weight[kv] = torch.outer(key, constant)
+        moved = min(head_dim, half - j * head_dim)  # the coordinates head j moves
+        first.v_proj.weight[kv] = _diagonal(head_dim, width, 0, j * head_dim, moved)
+        first.o_proj.weight[half:, q] = _diagonal(width - half, head_dim, j * head_dim, 0,
+                                                  min(head_dim, width - half - j * head_dim))
 
-    # layer 1, head 0: match the current token (first half) against the previous one (second half)
+    # layer 1: match the current token (first half) against the previous one (second half)
     slow = [*range(pairs - MATCH_PAIRS, pairs), *range(head_dim - MATCH_PAIRS, head_dim)]
     generator = torch.Generator().manual_seed(seed)
     match = torch.randn(len(slow), half - 1, generator=generator) / math.sqrt(half - 1)
-    second.q_proj.weight[:head_dim] = 0
-    second.k_proj.weight[:head_dim] = 0
-    second.q_proj.weight[slow, :half - 1] = match
-    second.k_proj.weight[slow, half:2 * half - 1] = match
     second.q_norm.weight[slow] *= ATTENTION_GAIN
     second.k_norm.weight[slow] *= ATTENTION_GAIN
-    second.v_proj.weight[:head_dim] = token_half
-    second.o_proj.weight[:half, :head_dim] = COPY_WRITE * torch.eye(half, head_dim)
-    core.norm.weight.fill_(LOGIT_SCALE)
+    for j in range(heads):
+        q, kv = _head_rows(j * group, head_dim), _head_rows(j, head_dim)
+        second.q_proj.weight[q] = 0
+        second.k_proj.weight[kv] = 0
+        second.q_proj.weight[q][slow, :half - 1] = match
+        second.k_proj.weight[kv][slow, half:2 * half - 1] = match
+        moved = min(head_dim, half - j * head_dim)
+        second.v_proj.weight[kv] = _diagonal(head_dim, width, 0, j * head_dim, moved)
+        second.o_proj.weight[:half, q] = COPY_WRITE * _diagonal(half, head_dim, j * head_dim, 0, moved)
+    core.norm.weight.fill_(LOGIT_SCALE * REFERENCE_WIDTH / width)

@@ -447,9 +447,30 @@ def write_plots(run_dir: Path) -> None:
     plot_runs([str(run_dir)], str(run_dir / "plots"))
 
 
-def before_after_table(results: dict) -> Table:
-    """One row per task/split and metric: SFT, RL and the change."""
-    table = Table(title="held-out evaluation: cold-start SFT → RL")
+def evaluation_title(cfg: Config, task: Task, sft_data: SFTData | None = None) -> str:
+    """What the evaluation of ``eval.split`` is: "held-out" only when none of its questions is a training
+    question (one of the task's train split or of the user's demonstrations ``sft_data``); otherwise how
+    many are (a train-fit check, e.g. ``task.val_files`` drawn from the training questions)."""
+    def key(question: str) -> str:
+        return " ".join(question.split()).casefold()
+
+    try:
+        seen = {key(ex.question) for ex in task.examples("train")}
+    except KeyError:  # a task without a train split
+        seen = set()
+    if sft_data is not None:
+        seen |= {key(next(m["content"] for m in reversed(demo.prompt) if m["role"] == "user")) for demo in sft_data.demos}
+    evaluated = [key(ex.question) for ex in _eval_examples(cfg, task)]
+    trained = sum(question in seen for question in evaluated)
+    if not trained:
+        return f"held-out evaluation ({cfg.eval.split}): cold-start SFT → RL"
+    return (f"evaluation on {cfg.eval.split}, not held out: {trained} of its {len(evaluated)} questions are training "
+            "questions: cold-start SFT → RL")
+
+
+def before_after_table(results: dict, title: str = "evaluation: cold-start SFT → RL") -> Table:
+    """One row per task/split and metric: SFT, RL and the change; ``title`` from :func:`evaluation_title`."""
+    table = Table(title=title)
     for column, justify in (("task/split", "left"), ("metric", "left"), ("SFT", "right"), ("RL", "right"),
                             ("Δ", "right")):
         table.add_column(column, justify=justify)

@@ -33,7 +33,8 @@ from typing import Any
 
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.jsonl import JsonlError, read_jsonl
-from aepo_rl.protocol import ANSWER_CLOSE, HERMES_CALL, RESERVED_TAGS, Protocol, split_result_blocks
+from aepo_rl.protocol import (ANSWER_CLOSE, DEFAULT_ARGUMENT, HERMES_CALL, RESERVED_TAGS, Protocol,
+                              split_result_blocks)
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.loaders import DatasetError, read_rows
 
@@ -45,6 +46,7 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
                   "function_call": "assistant", "observation": "tool", "tool": "tool"}
 """ShareGPT's ``from`` → the chat role (LLaMA-Factory's tags, and the chat names)."""
 _ENDS_WITH_TAG = re.compile(r"</([A-Za-z_][\w-]*)>\s*$")
+_HERMES_CALL = re.compile(rf"<{HERMES_CALL}>(.*?)</{HERMES_CALL}>", re.S)
 
 
 @dataclass(frozen=True)
@@ -80,16 +82,20 @@ class UserDemonstration:
     def demonstration(self, protocol: Protocol, tokenizer, index: int) -> Demonstration:
         """The demonstration in ``protocol``'s format, its Hermes results wrapped for ``tokenizer`` (a ChatML
         user turn when it speaks ChatML, as the rollout writes them); a model piece after another piece starts
-        with a space unless one side has whitespace there, as the teacher's demonstrations do."""
+        with a space unless one side has whitespace there, and a call's argument and a ``\\boxed{}`` answer
+        start with one (:func:`spaced_values`), as the teacher's demonstrations do."""
         prompt = self.prompt
         if prompt[0]["role"] != "system":
             prompt = [{"role": "system", "content": protocol.system_prompt()}, *prompt]
         pieces: list[tuple[str, bool]] = []
         for step in self.steps:
             if step.kind == "call":
-                text = protocol.format_call(tool_key(protocol, step.tool), step.text)
+                key = tool_key(protocol, step.tool)
+                text = protocol.format_call(key, spaced_argument(protocol.tools[key], step.text))
             elif step.kind == "result":
                 text = protocol.format_result(step.text, tokenizer)
+            elif step.kind == "text":
+                text = spaced_values(protocol, step.text)
             else:
                 text = step.text
             trained = step.kind in ("text", "call")
@@ -99,6 +105,48 @@ class UserDemonstration:
         question = next(m["content"] for m in reversed(prompt) if m["role"] == "user")
         example = Example(id=f"sft-{index}", question=question, answers=[], data_source="sft", messages=prompt)
         return Demonstration(example, pieces)
+
+
+CODE_ARGUMENT = "code"
+"""A tool whose argument is named this (the python tool's) takes code, written as given."""
+_BOXED = re.compile(r"\\boxed\{(?=[^\s}])")
+
+
+def spaced_argument(tool, arg: str) -> str:
+    """``arg`` after a space, as in running text, unless it starts with whitespace or is code (a tool whose
+    argument is :data:`CODE_ARGUMENT`): a value copied from the question or a result is then the same
+    tokens there and in the call (" Vela" both times, not "Vela"). The rollout strips a call's argument."""
+    if not arg or arg[:1].isspace() or getattr(tool, "argument", DEFAULT_ARGUMENT) == CODE_ARGUMENT:
+        return arg
+    return " " + arg
+
+
+def spaced_values(protocol: Protocol, text: str) -> str:
+    """An assistant's ``text`` with each copied value after a space, as the synthetic teacher writes it and as
+    the value reads in running text: the argument of a call written in the text (``<search>Vela Korr</search>``
+    → ``<search> Vela Korr</search>``; a Hermes ``<tool_call>`` rewritten by ``protocol``) and each
+    ``\\boxed{…}`` answer (``\\boxed{ Vela Korr}``; the answer check strips it). Code is left as written."""
+    text = _BOXED.sub(lambda m: m.group(0) + " ", text)
+    if protocol.fmt == "xml":
+        keys = [key for key, tool in protocol.tools.items() if getattr(tool, "argument", None) != CODE_ARGUMENT]
+        if not keys:
+            return text
+        calls = re.compile(rf"<({'|'.join(map(re.escape, keys))})>(?=[^\s<])")
+        return calls.sub(lambda m: m.group(0) + " ", text)
+
+    def hermes(match: re.Match) -> str:
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        arguments = call.get("arguments") if isinstance(call, dict) else None
+        key = tool_key(protocol, call.get("name")) if isinstance(arguments, dict) and len(arguments) == 1 else None
+        value = next(iter(arguments.values())) if key else None
+        if not isinstance(value, str):
+            return match.group(0)
+        return protocol.format_call(key, spaced_argument(protocol.tools[key], value))
+
+    return _HERMES_CALL.sub(hermes, text)
 
 
 def tool_key(protocol: Protocol, name: str) -> str | None:

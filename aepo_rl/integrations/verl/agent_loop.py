@@ -129,12 +129,12 @@ _TOOLS_LOCK = threading.Lock()
 
 
 def loop_tools(settings: AEPOLoopSettings, split: str = "train") -> dict:
-    """The task's tools by tag for the questions of ``split`` (:func:`aepo_rl.tasks.common.split_tools`: the
+    """The task's tools by tag for the questions of ``split`` (:func:`aepo_rl.tasks.base.split_tools`: the
     validation loop's questions are the task's dev split, which phantomwiki searches in its own universe),
     built once per process, settings and split (the synthetic task's search index is not free); only the tags
     of ``custom.aepo.tools`` when it is set."""
     from aepo_rl.tasks import get_task
-    from aepo_rl.tasks.common import split_tools
+    from aepo_rl.tasks.base import split_tools
 
     task, tags = settings.task, settings.tools
     knobs = {f"rollout.{name}": getattr(settings.rollout, name)
