@@ -309,7 +309,7 @@ def test_aepo_train_and_eval_run_end_to_end_on_phantomwiki(tmp_path):
 def test_evaluation_searches_the_split_universe_and_reports_em_f1_by_difficulty(tmp_path):
     from aepo_rl.evaluate import score_groups
     from aepo_rl.rollout.trajectory import Trajectory
-    from aepo_rl.tasks.common import split_tools
+    from aepo_rl.tasks.base import split_tools
 
     write_universe(tmp_path / "pw" / "train")
     write_universe(tmp_path / "pw" / "test")
