@@ -188,6 +188,29 @@ class RolloutConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (§2.8): importance weights and rejection from the rollout
+    engine's own log-probs, and the bypass mode that takes them as π_old."""
+
+    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.8): token, "
+                                        "sequence (the product over the row's trained tokens), or null (off).",
+                                  choices=("token", "sequence"))
+    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.8): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
+                                            "zeroes them outside [L, U] (IcePop). 0 < L <= U.")
+    rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.8).")
+    rollout_rs: str | None = knob(None, "Rejection (§2.8): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
+                                        "seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = 2, 3); a rejected token or row leaves "
+                                        "the loss mask; null = off.")
+    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.8): one for all options or one per option, "
+                                                  "comma-separated; k1 options take L_U or U (ratio bounds, L = 1/U), "
+                                                  "k2/k3 options an upper bound U > 0.")
+    bypass_mode: bool = knob(False, "π_old = the rollout engine's log-probs: no old-log-prob forward; rejection is "
+                                    "then computed from π_θ against π_rollout in each micro-batch (§2.8).")
+    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.8): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
+                                      "(verl's reinforce is not implemented).", choices=("ppo_clip",))
+
+
+@dataclass
 class AlgorithmConfig:
     """Policy loss and advantage settings; ``aepo_rl.algorithms.PolicyLossConfig`` is this class."""
 
@@ -225,6 +248,8 @@ class AlgorithmConfig:
     dynamic_sampling: bool = knob(False, "DAPO: drop groups whose rewards are all equal (§4).")
     overlong_buffer_len: int = knob(0, "DAPO overlong shaping: soft-penalty window in tokens; 0 = off (§4).", ge=0)
     overlong_penalty_factor: float = knob(1.0, "DAPO overlong shaping: penalty at the hard limit.", ge=0)
+    rollout_correction: RolloutCorrectionConfig = knob(None, "Rollout Correction (§2.8, verl's names).",
+                                                       factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -266,6 +291,17 @@ class TrainerConfig:
     seed: int = knob(0, "Seed of data order, initialisation and sampling.")
     tensorboard: bool = knob(True, "Write TensorBoard event files.")
     wandb_project: str | None = knob(None, "Log to Weights & Biases under this project when wandb is installed.")
+    target_kl: float | None = knob(None, "Stop an RL step's remaining mini-batches (and PPO epochs) once a mini-batch's "
+                                         "actor/approx_kl to π_old (k3, nats per token) exceeds this; that mini-batch is not stepped either "
+                                         "(docs/training.md \"Staying on-policy\"); None = off.", gt=0)
+    warn_steps: int = knob(3, "Consecutive RL steps a warning's condition must hold before it is printed "
+                              "(docs/training.md \"Staying on-policy\").", ge=1)
+    warn_clipfrac: float = knob(0.02, "Warn far off-policy when actor/pg_clipfrac exceeds this (normal 0.001-0.005).",
+                                gt=0, le=1)
+    warn_ppo_kl: float = knob(0.02, "Warn far off-policy when actor/ppo_kl exceeds this, in nats per token.", gt=0)
+    warn_mismatch_kl: float = knob(0.001, "Warn when the training-rollout mismatch rollout_corr/k3_kl exceeds this.", gt=0)
+    warn_entropy_window: int = knob(10, "Warn when actor/entropy halves or grows by half, moving the same way in at least "
+                                        "70% of the steps, over this many steps.", ge=3)
 
 
 @dataclass
@@ -468,33 +504,39 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
         obj = getattr(obj, part)
 
 
+def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, value) of every non-section field of ``obj``, sections (and their sub-sections,
+    such as ``algorithm.rollout_correction``) expanded in declaration order."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        out += _leaves(value, f"{key}.") if dataclasses.is_dataclass(value) else [(key, f, value)]
+    return out
+
+
 def validate(cfg: Config) -> Config:
     """Check every field against its allowed range or choices; return ``cfg``."""
-    for section in dataclasses.fields(cfg):
-        obj = getattr(cfg, section.name)
-        if not dataclasses.is_dataclass(obj):
+    for key, f, value in _leaves(cfg):
+        meta = f.metadata
+        if "." not in key or value is None:  # top-level scalars (preset) are not checked
             continue
-        for f in dataclasses.fields(obj):
-            value, meta, key = getattr(obj, f.name), f.metadata, f"{section.name}.{f.name}"
-            if value is None:
-                continue
-            choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
-            if choices and value not in choices:
-                hint = " (or load the module that registers it: aepo --plugin MODULE)" \
-                    if isinstance(choices, registry.Registry) else ""
-                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise ConfigError(f"{key}={value} must be a finite number")
-                bounds = []
-                if meta.get("ge") is not None and value < meta["ge"]:
-                    bounds.append(f">= {meta['ge']}")
-                if meta.get("gt") is not None and value <= meta["gt"]:
-                    bounds.append(f"> {meta['gt']}")
-                if meta.get("le") is not None and value > meta["le"]:
-                    bounds.append(f"<= {meta['le']}")
-                if bounds:
-                    raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
+        choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
+        if choices and value not in choices:
+            hint = " (or load the module that registers it: aepo --plugin MODULE)" \
+                if isinstance(choices, registry.Registry) else ""
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}={value} must be a finite number")
+            bounds = []
+            if meta.get("ge") is not None and value < meta["ge"]:
+                bounds.append(f">= {meta['ge']}")
+            if meta.get("gt") is not None and value <= meta["gt"]:
+                bounds.append(f"> {meta['gt']}")
+            if meta.get("le") is not None and value > meta["le"]:
+                bounds.append(f"<= {meta['le']}")
+            if bounds:
+                raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
     if not DEVICE_NAME.fullmatch(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r} is not allowed; choose one of {list(DEVICES)} "
                           "(N = a GPU index, e.g. cuda:1)")
@@ -506,7 +548,43 @@ def validate(cfg: Config) -> Config:
     vllm_compilation_config(cfg.rollout)
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
         raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
+    check_rollout_correction(cfg)
     return cfg
+
+
+def uses_rollout_log_probs(cfg: Config) -> bool:
+    """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.8)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode
+
+
+def check_rollout_correction(cfg: Config) -> None:
+    """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, and a correction
+    whose log-probs would not be comparable (the engines record untempered log-probs, §2.8)."""
+    from aepo_rl.algorithms import rollout_correction as rc_math
+
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    try:
+        rc_math.parse_is_threshold(rc.rollout_is_threshold)
+    except ValueError as err:
+        raise ConfigError(f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: {err}; write U (e.g. 2.0) "
+                          "or L_U (e.g. 0.5_2.0)") from None
+    if rc.rollout_rs is not None:
+        try:
+            options = rc_math.rs_options(rc.rollout_rs)
+        except ValueError as err:
+            raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r}: {err}") from None
+        if rc.rollout_rs_threshold is None:
+            raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r} needs {key}.rollout_rs_threshold (e.g. 0.5_2.0 for "
+                              "k1 options, 0.01 for k2/k3 ones)")
+        try:
+            rc_math.parse_rs_thresholds(options, rc.rollout_rs_threshold)
+        except ValueError as err:
+            raise ConfigError(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: {err}") from None
+    if uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1:
+        raise ConfigError(f"{key} compares the trainer's log-probs with the engine's, which are untempered, but "
+                          f"algorithm.tempered_logprobs=true makes the trainer's tempered (rollout.temperature="
+                          f"{cfg.rollout.temperature}): set algorithm.tempered_logprobs=false, or turn the correction off")
 
 
 def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
@@ -525,6 +603,11 @@ def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
     return value
 
 
+NUMBER_RANGE = re.compile(r"[0-9.eE+-]+_[0-9.eE+-]+(,[0-9.eE+-]+(_[0-9.eE+-]+)?)*")
+"""An L_U threshold (``algorithm.rollout_correction.*_threshold``, §2.8), kept as written: int() and
+float() read digit-separating underscores themselves, so numeric keys are unaffected."""
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings; values are read as YAML scalars (``0.28``, ``true``, ``[a,b]``)."""
     out: dict[str, Any] = {}
@@ -532,6 +615,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like section.key=value")
         key, raw = item.split("=", 1)
+        if NUMBER_RANGE.fullmatch(raw.strip()):  # YAML 1.1 would read 0.5_2 as the number 0.52
+            out[key.strip()] = raw.strip()
+            continue
         try:
             out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -606,18 +692,12 @@ class FieldInfo:
 def fields_info(cfg: Config) -> list[FieldInfo]:
     """Every field of ``cfg`` (top-level scalars, then each section's fields) with its metadata."""
     rows = []
-    for section in dataclasses.fields(cfg):
-        obj = getattr(cfg, section.name)
-        if dataclasses.is_dataclass(obj):
-            entries = [(f"{section.name}.{f.name}", f, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
-        else:
-            entries = [(section.name, section, obj)]
-        for key, f, value in entries:
-            meta = f.metadata
-            choices = meta.get("choices")
-            rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
-                                  tuple(choices() if callable(choices) else choices) if choices else None,
-                                  meta.get("ge"), meta.get("gt"), meta.get("le")))
+    for key, f, value in _leaves(cfg):
+        meta = f.metadata
+        choices = meta.get("choices")
+        rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
+                              tuple(choices() if callable(choices) else choices) if choices else None,
+                              meta.get("ge"), meta.get("gt"), meta.get("le")))
     return rows
 
 
