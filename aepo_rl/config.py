@@ -189,24 +189,24 @@ class RolloutConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """verl's ``algorithm.rollout_correction`` (§2.8): importance weights and rejection from the rollout
+    """verl's ``algorithm.rollout_correction`` (§2.11): importance weights and rejection from the rollout
     engine's own log-probs, and the bypass mode that takes them as π_old."""
 
-    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.8): token, "
+    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.11): token, "
                                         "sequence (the product over the row's trained tokens), or null (off).",
                                   choices=("token", "sequence"))
-    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.8): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
+    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
                                             "zeroes them outside [L, U] (IcePop). 0 < L <= U.")
-    rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.8).")
-    rollout_rs: str | None = knob(None, "Rejection (§2.8): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
+    rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.11).")
+    rollout_rs: str | None = knob(None, "Rejection (§2.11): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
                                         "seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = 2, 3); a rejected token or row leaves "
                                         "the loss mask; null = off.")
-    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.8): one for all options or one per option, "
+    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.11): one for all options or one per option, "
                                                   "comma-separated; k1 options take L_U or U (ratio bounds, L = 1/U), "
                                                   "k2/k3 options an upper bound U > 0.")
     bypass_mode: bool = knob(False, "π_old = the rollout engine's log-probs: no old-log-prob forward; rejection is "
-                                    "then computed from π_θ against π_rollout in each micro-batch (§2.8).")
-    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.8): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
+                                    "then computed from π_θ against π_rollout in each micro-batch (§2.11).")
+    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.11): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
                                       "(verl's reinforce is not implemented).", choices=("ppo_clip",))
 
 
@@ -248,7 +248,7 @@ class AlgorithmConfig:
     dynamic_sampling: bool = knob(False, "DAPO: drop groups whose rewards are all equal (§4).")
     overlong_buffer_len: int = knob(0, "DAPO overlong shaping: soft-penalty window in tokens; 0 = off (§4).", ge=0)
     overlong_penalty_factor: float = knob(1.0, "DAPO overlong shaping: penalty at the hard limit.", ge=0)
-    rollout_correction: RolloutCorrectionConfig = knob(None, "Rollout Correction (§2.8, verl's names).",
+    rollout_correction: RolloutCorrectionConfig = knob(None, "Rollout Correction (§2.11, verl's names).",
                                                        factory=RolloutCorrectionConfig)
 
 
@@ -553,14 +553,14 @@ def validate(cfg: Config) -> Config:
 
 
 def uses_rollout_log_probs(cfg: Config) -> bool:
-    """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.8)."""
+    """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.11)."""
     rc = cfg.algorithm.rollout_correction
     return rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode
 
 
 def check_rollout_correction(cfg: Config) -> None:
     """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, and a correction
-    whose log-probs would not be comparable (the engines record untempered log-probs, §2.8)."""
+    whose log-probs would not be comparable (the engines record untempered log-probs, §2.11)."""
     from aepo_rl.algorithms import rollout_correction as rc_math
 
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
@@ -604,7 +604,7 @@ def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
 
 
 NUMBER_RANGE = re.compile(r"[0-9.eE+-]+_[0-9.eE+-]+(,[0-9.eE+-]+(_[0-9.eE+-]+)?)*")
-"""An L_U threshold (``algorithm.rollout_correction.*_threshold``, §2.8), kept as written: int() and
+"""An L_U threshold (``algorithm.rollout_correction.*_threshold``, §2.11), kept as written: int() and
 float() read digit-separating underscores themselves, so numeric keys are unaffected."""
 
 

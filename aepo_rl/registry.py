@@ -213,7 +213,7 @@ untempered log-probs) and/or ``top10_proxy`` (the release's). sampling: the opti
 :class:`~aepo_rl.engines.base.SamplingParams` it honours (``min_tokens``, ``ignore_eos``,
 ``repetition_penalty``, ``min_p``); a run that sets another one (``rollout.<option>``) is refused at start.
 behaviour_logprobs: every generated token's recorded ``logprobs`` entry is the untempered log-prob of the
-engine's own weights, finite, so Rollout Correction (``algorithm.rollout_correction``, §2.8) can use it as
+engine's own weights, finite, so Rollout Correction (``algorithm.rollout_correction``, §2.11) can use it as
 π_rollout; a run that turns the correction on with an engine that does not declare it is refused at start."""
 
 ARCHITECTURES = Registry("architecture", "aepo_rl.architectures",

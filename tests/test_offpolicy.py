@@ -1,4 +1,4 @@
-"""Staying on-policy: behaviour log-probs on the batch, Rollout Correction (§2.8), the target-KL guard and the
+"""Staying on-policy: behaviour log-probs on the batch, Rollout Correction (§2.11), the target-KL guard and the
 run's warnings (docs/training.md "Staying on-policy")."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_the_hf_engines_log_probs_match_pi_old_to_rounding(tiny_tokenizer):
 
 
 def test_is_weights_scale_each_tokens_policy_gradient(tiny_tokenizer, tiny_model):
-    """Decoupled IS (§2.8): the loss is agg(w ⊙ L); with w = 2 on one row and 0 on the other, the gradient
+    """Decoupled IS (§2.11): the loss is agg(w ⊙ L); with w = 2 on one row and 0 on the other, the gradient
     is twice the first row's alone."""
     trajs = [make_traj([3, 4], [7, 8, 9], [1, 1, 1]), make_traj([5], [10, 11, 12], [1, 0, 1])]
     batch = collate(trajs, [0, 1], tiny_tokenizer.pad_token_id)

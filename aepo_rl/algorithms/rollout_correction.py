@@ -1,4 +1,4 @@
-"""Rollout Correction (§2.8): importance weights and rejection from the rollout engine's own log-probs,
+"""Rollout Correction (§2.11): importance weights and rejection from the rollout engine's own log-probs,
 with verl 0.9.1's semantics and metric names (``verl/trainer/ppo/rollout_corr_helper.py``).
 
 Three policies: π_rollout sampled the tokens (the engine's recorded log-probs, ``rollout_log_probs``),
@@ -157,8 +157,9 @@ def _token_stats(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rs: str, threshold: str | float | None
                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``mask`` with every token or row that fails an option of ``rs`` set to 0, and verl's
-    ``rollout_rs_*`` metrics (``compute_rollout_rejection_mask``: each option's statistic mean/max/min,
-    shares above/below its bounds, masked token and row shares; the overall shares)."""
+    ``rollout_rs_*`` metrics (``compute_rollout_rejection_mask``: each option's statistic mean/max/min/std,
+    shares above/below its bounds, its per-row summary ``_seq_*``, masked token and row shares; the overall
+    shares)."""
     options = rs_options(rs)
     bounds = parse_rs_thresholds(options, threshold)
     stats = _token_stats(log_ratio.detach())
@@ -202,6 +203,22 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rs: str, thresho
             m[f"{prefix}_min"] = torch.where(valid.any(), per_row.masked_fill(~valid, math.inf).min(), 0.0)
             m[f"{prefix}_fraction_high"] = masked_mean((per_row > upper).float(), valid)
             m[f"{prefix}_fraction_low"] = masked_mean((per_row < low).float(), valid) if lower is not None else zero
+        clamped = values.clamp(min=low, max=upper)
+        std = (masked_mean(clamped.square(), on) - masked_mean(clamped, on).square()).clamp(min=0).sqrt()
+        m[f"{prefix}_std"] = torch.where(on.sum() > 1, std, 0.0)
+        rows_on = on.any(-1)
+        row_values = masked_mean(values, on, dim=-1) if per_row is None else per_row
+        n_rows = rows_on.sum()
+        row_mean = masked_mean(row_values, rows_on)
+        row_var = masked_sum((row_values - row_mean).square(), rows_on) / (n_rows - 1).clamp(min=1)
+        m[f"{prefix}_seq_mean"] = row_mean
+        m[f"{prefix}_seq_std"] = torch.where(n_rows > 1, row_var.sqrt(), 0.0)
+        m[f"{prefix}_seq_max"] = torch.where(n_rows > 0, row_values.masked_fill(~rows_on, -math.inf).max(), 0.0)
+        m[f"{prefix}_seq_min"] = torch.where(n_rows > 0, row_values.masked_fill(~rows_on, math.inf).min(), 0.0)
+        m[f"{prefix}_seq_max_deviation"] = torch.where(n_rows > 0, row_values.abs().masked_fill(~rows_on, 0).max(), 0.0)
+        m[f"{prefix}_seq_fraction_high"] = masked_mean((row_values > upper).float(), rows_on)
+        if lower is not None:
+            m[f"{prefix}_seq_fraction_low"] = masked_mean((row_values < lower).float(), rows_on)
         m[f"{prefix}_masked_fraction"] = masked_mean((~keep).float(), on)
         m[f"{prefix}_seq_masked_fraction"] = ((~keep & on).any(-1) & on.any(-1)).float().sum() / on.any(-1).float().sum().clamp(min=1)
     m["rollout_rs_masked_fraction"] = masked_mean((~keep_all).float(), on)

@@ -122,7 +122,7 @@ class Batch:
     response_mask: torch.Tensor   # [B, R] 1.0 = model-written token (trained); 0.0 = tool result or pad
     group_index: torch.Tensor     # [B] prompt group of each row
     shared_prefix: torch.Tensor   # [B] leading response tokens copied from an earlier row (a fork's prefix, §1.5)
-    rollout_log_probs: torch.Tensor  # [B, R] the engine's log π_rollout of each sampled token (§2.8); 0 off the mask
+    rollout_log_probs: torch.Tensor  # [B, R] the engine's log π_rollout of each sampled token (§2.11); 0 off the mask
 
     @property
     def num_rows(self) -> int:
@@ -143,7 +143,7 @@ class Batch:
 def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id: int) -> Batch:
     """Build the training batch from the engine's own token ids; ``traj.loss_mask`` masks tool results.
 
-    ``rollout_log_probs`` are the engine's recorded ``traj.logprobs`` (§2.8), set to 0 where the loss mask is 0
+    ``rollout_log_probs`` are the engine's recorded ``traj.logprobs`` (§2.11), set to 0 where the loss mask is 0
     (tool results, padding); a fork's copied prefix carries its parent's (the tree copies them, §1.5)."""
     prompts = [t.prompt_token_ids for t in trajectories]
     responses = [t.response_token_ids for t in trajectories]
@@ -226,7 +226,7 @@ def recorded(trajectories: list[Trajectory], field: str, like: torch.Tensor) -> 
 
 
 def check_rollout_log_probs(batch: Batch, engine: str) -> None:
-    """Refuse a correction (§2.8) whose engine left a trained token without a finite log-prob (an endpoint
+    """Refuse a correction (§2.11) whose engine left a trained token without a finite log-prob (an endpoint
     that returned none)."""
     if not bool(torch.isfinite(batch.rollout_log_probs).all()):
         raise UserError(f"algorithm.rollout_correction needs the rollout engine's log-prob of every sampled token, "
@@ -288,7 +288,7 @@ class FixedTensors:
     advantages: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
-    """Rollout Correction's importance weights (§2.8), multiplying the per-token policy loss; None = off."""
+    """Rollout Correction's importance weights (§2.11), multiplying the per-token policy loss; None = off."""
 
 
 def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, cfg: Config,
@@ -323,7 +323,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     leaf); ``actor/entropy_unique`` counts every token of a tree once: the masked tokens at or after
     each row's ``shared_prefix`` (§7.1).
 
-    Rollout Correction (§2.8): ``fixed.is_weights`` multiply the per-token policy loss before its
+    Rollout Correction (§2.11): ``fixed.is_weights`` multiply the per-token policy loss before its
     aggregation. In bypass mode π_old is π_rollout, and each micro-batch's rejection (``rollout_rs``) and
     ``rollout_corr/*`` metrics come from this forward's π_θ against π_rollout, as verl's bypass loss does
     (its IS weights are logged, not applied: the PPO ratio is already π_θ/π_rollout).
@@ -401,7 +401,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
 
 
 def is_weighted_aggregate(weights: torch.Tensor, algo):
-    """The policy loss's aggregation with Rollout Correction's IS weights on each token's loss (§2.5, §2.8):
+    """The policy loss's aggregation with Rollout Correction's IS weights on each token's loss (§2.5, §2.11):
     agg(w ⊙ L), as verl's losses multiply ``pg_losses`` by ``rollout_is_weights``."""
 
     def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -487,7 +487,7 @@ class RLTrainer:
         correction = cfg.algorithm.rollout_correction
         self.decoupled_correction = not correction.bypass_mode and (correction.rollout_is is not None
                                                                     or correction.rollout_rs is not None)
-        """Decoupled Rollout Correction (§2.8): weights and rejection from π_old against π_rollout, before the update."""
+        """Decoupled Rollout Correction (§2.11): weights and rejection from π_old against π_rollout, before the update."""
         if correction.rollout_is is not None and "aggregate" not in inspect.signature(self.policy_loss).parameters:
             raise ConfigError(f"algorithm.rollout_correction.rollout_is multiplies the per-token policy loss before its "
                               f"aggregation, which algorithm.policy_loss={cfg.algorithm.policy_loss!r} does not let the "
@@ -495,7 +495,7 @@ class RLTrainer:
                               "rollout_is=null")
         self.rollout_log_probs_comparable = (train_temperature(cfg) == 1 and
                                              registry.ENGINES.capabilities(cfg.rollout.engine)["behaviour_logprobs"])
-        """The engine's untempered log-probs can be set against the trainer's π_old (§2.8)."""
+        """The engine's untempered log-probs can be set against the trainer's π_old (§2.11)."""
         self.engine_syncs = registry.ENGINES.capabilities(cfg.rollout.engine)["syncs_weights"]
         """The engine holds its own copy of the weights (vLLM): pushed after every update, and π_old is
         never the engine's log-probs but the trainer's own forward (the engine's are only compared)."""
@@ -647,7 +647,7 @@ class RLTrainer:
         if bypass or self.decoupled_correction:
             check_rollout_log_probs(batch, cfg.rollout.engine)
         # The first mini-batch's own forward is π_old unless π_old is needed before the update (KL in the
-        # reward, entropy statistics, the correction's weights) or is the engine's (bypass, §2.8).
+        # reward, entropy statistics, the correction's weights) or is the engine's (bypass, §2.11).
         reuse_first = not (algo.use_kl_in_reward or needs_old_entropy or self.decoupled_correction or bypass)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool, device=self.device)
         if reuse_first:
@@ -741,7 +741,7 @@ class RLTrainer:
                        *, with_mismatch: bool) -> dict[str, float]:
         """Learning rate, scores, rewards, advantages and the rollout/training log-prob gap of the batch:
         with ``with_mismatch`` (no correction computed them already), verl's training-rollout mismatch
-        metrics ``rollout_corr/*`` (§2.8), when the engine's log-probs are comparable with π_old."""
+        metrics ``rollout_corr/*`` (§2.11), when the engine's log-probs are comparable with π_old."""
         mask, advantages = batch.response_mask, fixed.advantages
         metrics = {}
         if self.rollout_log_probs_comparable and bool(torch.isfinite(batch.rollout_log_probs).all()):
