@@ -196,7 +196,7 @@ class RolloutCorrectionConfig:
                                         "sequence (the product over the row's trained tokens), or null (off).",
                                   choices=("token", "sequence"))
     rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
-                                            "zeroes them outside [L, U] (IcePop). 0 < L <= U.")
+                                            "zeroes them outside [L, U] (IcePop). 0 < L <= U; quote L_U in a YAML file.")
     rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.11).")
     rollout_rs: str | None = knob(None, "Rejection (§2.11): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
                                         "seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = 2, 3); a rejected token or row leaves "

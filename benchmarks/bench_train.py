@@ -13,8 +13,10 @@ which shares the model (a stand-in engine here), so they cost no extra pass.
 
 With ``--correction`` it also times, interleaved on the same batch, the update with Rollout Correction
 (§2.11) on: decoupled token IS, decoupled sequence IS + token_k1 rejection, and bypass mode, each as a
-ratio to the update with it off (the rollout log-probs are then the base model's own, plus N(0, 0.05²)
-noise, as a sampler that disagrees slightly with the trainer).
+ratio to the update with it off, paired within each round (the rollout log-probs are then the base
+model's own, plus N(0, 0.05²) noise, as a sampler that disagrees slightly with the trainer); and the work
+the update does for the correction even when it is off (the mismatch metrics, the k3 KL of each
+mini-batch, the finiteness check), timed alone on the whole batch, as a share of the off update.
 
     python benchmarks/bench_train.py [--repeats 5] [--preset aepo] [--correction] [dotted overrides, e.g. trainer.bf16=true]
 """
@@ -28,6 +30,8 @@ import time
 
 import torch
 
+from aepo_rl.algorithms.rollout_correction import mismatch_metrics, to_floats
+from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import load_config
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
@@ -90,6 +94,20 @@ def record_behaviour_log_probs(model, groups, batch, cfg) -> None:
         traj.logprobs = noisy[row, :len(traj.response_token_ids)].tolist()
 
 
+def off_path_seconds(batch, repeats: int = 20) -> float:
+    """Seconds of what the update computes for the correction when it is off, on the whole batch: the finiteness
+    check and ``rollout_corr/*`` metrics of the step, and the k3 KL (``actor/approx_kl``) of its tokens."""
+    old = batch.rollout_log_probs + 0.01
+    mask = batch.response_mask.bool()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        bool(torch.isfinite(batch.rollout_log_probs).all())
+        to_floats(mismatch_metrics(old, batch.rollout_log_probs, batch.response_mask))
+        log_ratio = (batch.rollout_log_probs - old).clamp(-20, 20)
+        float(masked_mean(log_ratio.exp() - 1 - log_ratio, mask))
+    return (time.perf_counter() - t0) / repeats
+
+
 def bare_update(model, optimizer, batch, cfg) -> None:
     """Masked next-token cross-entropy over the same (length-sorted) micro-batches, one AdamW step per mini-batch."""
     rows_per_mini = cfg.trainer.mini_batch_size * cfg.rollout.n
@@ -150,11 +168,11 @@ def main() -> None:
             model = copy.deepcopy(base)
             variants[name] = RLTrainer(variant_cfg, model, tokenizer, _NoTask(),
                                        engine=type("SharedModelEngine", (), {"model": model})())
-    variant_tps: dict[str, list[float]] = {name: [] for name in variants}
+    paired_ratio: dict[str, list[float]] = {name: [] for name in variants}
     bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.trainer.lr,
                                        weight_decay=cfg.trainer.weight_decay)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.trainer.bf16)
-    ours, bare = [], []
+    ours, bare, off_seconds = [], [], []
     for repeat in range(args.repeats + 1):  # the first round warms up both sides
         t0 = time.perf_counter()
         trainer.update(groups)
@@ -169,17 +187,22 @@ def main() -> None:
             variant.update(groups)
             seconds[name] = time.perf_counter() - t0
         if repeat:
+            off_seconds.append(t_ours)
             ours.append(tokens / t_ours)
             bare.append(tokens / t_bare)
             for name, t in seconds.items():
-                variant_tps[name].append(tokens / t)
-            extra = "".join(f" | {name} {variant_tps[name][-1]:8.0f}" for name in variants)
+                paired_ratio[name].append(t_ours / t)  # paired: this round's off update against the variant
+            extra = "".join(f" | {name} {tokens / seconds[name]:8.0f}" for name in variants)
             print(f"round {repeat}: RL update {ours[-1]:8.0f} tok/s | bare loop {bare[-1]:8.0f} tok/s{extra}")
     ours_tps, bare_tps = statistics.median(ours), statistics.median(bare)
     print(f"median: RL update {ours_tps:.0f} tok/s, bare forward+backward+AdamW {bare_tps:.0f} tok/s")
     print(f"ratio train/bare: {ours_tps / bare_tps:.3f}")
     for name in variants:  # < 1: the correction's update is slower than the update with it off
-        print(f"ratio {name}/off: {statistics.median(variant_tps[name]) / ours_tps:.3f}")
+        print(f"ratio {name}/off (tok/s, median of paired rounds): {statistics.median(paired_ratio[name]):.3f}")
+    if args.correction:
+        extra = off_path_seconds(batch)
+        print(f"correction-off work per update: {extra * 1e3:.2f} ms = "
+              f"{100 * extra / statistics.median(off_seconds):.2f}% of the off update")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from aepo_rl import algorithms, registry
 from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.rollout_correction import mismatch_metrics, rollout_correction, to_floats
 from aepo_rl.algorithms.tensors import masked_mean
-from aepo_rl.config import Config, ConfigError, uses_rollout_log_probs
+from aepo_rl.config import Config, ConfigError
 from aepo_rl.errors import UserError
 from aepo_rl.models import encode_prompt, model_device
 from aepo_rl.rollout.metrics import tool_error_warning
@@ -359,7 +359,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
             fixed.old_log_probs[micro], fixed.old_entropy[micro] = log_probs.detach(), entropy.detach()
         token_flags: dict[str, torch.Tensor] = {}
         extra, correction_metrics = {}, {}
-        if bypass and uses_rollout_log_probs(cfg):
+        if bypass:
             _, micro_mask, correction_metrics = rollout_correction(log_probs, fixed.old_log_probs[micro], micro_mask,
                                                                    algo.rollout_correction)
         elif fixed.is_weights is not None:
