@@ -187,6 +187,15 @@ class RolloutConfig:
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
 
 
+# Rollout Correction (§2.11): verl's IS levels, rejection options and bypass loss types.
+IS_LEVELS = ("token", "sequence")
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+LOSS_TYPES = ("ppo_clip",)
+"""Bypass-mode loss types implemented here: verl's ``ppo_clip`` (the configured policy loss with
+π_old = π_rollout); verl's ``reinforce`` is not."""
+
+
 @dataclass
 class RolloutCorrectionConfig:
     """verl's ``algorithm.rollout_correction`` (§2.11): importance weights and rejection from the rollout
@@ -194,7 +203,7 @@ class RolloutCorrectionConfig:
 
     rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.11): token, "
                                         "sequence (the product over the row's trained tokens), or null (off).",
-                                  choices=("token", "sequence"))
+                                  choices=IS_LEVELS)
     rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
                                             "zeroes them outside [L, U] (IcePop). 0 < L <= U; quote L_U in a YAML file.")
     rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.11).")
@@ -207,7 +216,7 @@ class RolloutCorrectionConfig:
     bypass_mode: bool = knob(False, "π_old = the rollout engine's log-probs: no old-log-prob forward; rejection is "
                                     "then computed from π_θ against π_rollout in each micro-batch (§2.11).")
     loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.11): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
-                                      "(verl's reinforce is not implemented).", choices=("ppo_clip",))
+                                      "(verl's reinforce is not implemented).", choices=LOSS_TYPES)
 
 
 @dataclass
@@ -552,6 +561,57 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+# Rollout Correction's threshold specs (§2.11), parsed here so that validating a config needs no torch;
+# aepo_rl.algorithms.rollout_correction uses them.
+
+
+def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
+    """(upper, lower or None) from ``rollout_is_threshold``: "U" truncates at U (TIS), "L_U" keeps
+    [L, U] (IcePop). ValueError on anything else, as verl's ``_parse_rollout_is_threshold``."""
+    text = str(spec).strip()
+    lower_text, _, upper_text = text.rpartition("_") if "_" in text else ("", "", text)
+    try:
+        upper, lower = float(upper_text), (float(lower_text) if lower_text else None)
+    except ValueError:
+        raise ValueError(f"{spec!r} is not a number U or a range L_U") from None
+    if not upper > 0 or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"{spec!r}: need 0 < L <= U")
+    return upper, lower
+
+
+def rs_options(rs: str) -> list[str]:
+    """The distinct options of a comma-separated ``rollout_rs``, in order; ValueError on an unknown one."""
+    options = list(dict.fromkeys(part.strip() for part in rs.split(",") if part.strip()))
+    unknown = [o for o in options if o not in RS_OPTIONS]
+    if unknown or not options:
+        raise ValueError(f"unknown option(s) {unknown or [rs]}; choose among {list(RS_OPTIONS)}, comma-separated")
+    return options
+
+
+def parse_rs_thresholds(options: list[str], spec: str | float | None) -> dict[str, tuple[float | None, float]]:
+    """(lower, upper) per option from ``rollout_rs_threshold``: one spec for all options or one per option,
+    comma-separated; k1 options take "L_U" or "U" (L = 1/U, ratio bounds), the others one upper bound.
+    ValueError on a malformed or non-positive spec, as verl's ``_parse_rollout_rs_thresholds``."""
+    if spec is None:
+        raise ValueError("rejection needs a threshold")
+    specs = [part.strip() for part in str(spec).split(",") if part.strip()]
+    if len(specs) not in (1, len(options)):
+        raise ValueError(f"give one threshold for all {len(options)} options or one per option, got {len(specs)}")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    out = {}
+    for option, text in zip(options, specs):
+        if option.endswith("k1"):
+            upper, lower = parse_is_threshold(text)
+            out[option] = (1.0 / upper if lower is None else lower, upper)
+        else:
+            if "_" in text:
+                raise ValueError(f"{option} takes one upper bound, not a range ({text!r})")
+            upper, _ = parse_is_threshold(text)
+            out[option] = (None, upper)
+    return out
+
+
+
 def uses_rollout_log_probs(cfg: Config) -> bool:
     """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.11)."""
     rc = cfg.algorithm.rollout_correction
@@ -561,24 +621,22 @@ def uses_rollout_log_probs(cfg: Config) -> bool:
 def check_rollout_correction(cfg: Config) -> None:
     """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, and a correction
     whose log-probs would not be comparable (the engines record untempered log-probs, §2.11)."""
-    from aepo_rl.algorithms import rollout_correction as rc_math
-
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     try:
-        rc_math.parse_is_threshold(rc.rollout_is_threshold)
+        parse_is_threshold(rc.rollout_is_threshold)
     except ValueError as err:
         raise ConfigError(f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: {err}; write U (e.g. 2.0) "
                           "or L_U (e.g. 0.5_2.0)") from None
     if rc.rollout_rs is not None:
         try:
-            options = rc_math.rs_options(rc.rollout_rs)
+            options = rs_options(rc.rollout_rs)
         except ValueError as err:
             raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r}: {err}") from None
         if rc.rollout_rs_threshold is None:
             raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r} needs {key}.rollout_rs_threshold (e.g. 0.5_2.0 for "
                               "k1 options, 0.01 for k2/k3 ones)")
         try:
-            rc_math.parse_rs_thresholds(options, rc.rollout_rs_threshold)
+            parse_rs_thresholds(options, rc.rollout_rs_threshold)
         except ValueError as err:
             raise ConfigError(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: {err}") from None
     if uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1:

@@ -26,64 +26,11 @@ import math
 
 import torch
 
+from ..config import IS_LEVELS, LOSS_TYPES, RS_OPTIONS, parse_is_threshold, parse_rs_thresholds, rs_options  # noqa: F401
 from .tensors import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 """|log-ratio| bound before exp, as verl's (exp(20) ≈ 4.9e8)."""
-IS_LEVELS = ("token", "sequence")
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-LOSS_TYPES = ("ppo_clip",)
-"""Bypass-mode loss types implemented here: verl's ``ppo_clip`` (the configured policy loss with
-π_old = π_rollout); verl's ``reinforce`` is not."""
-
-
-def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
-    """(upper, lower or None) from ``rollout_is_threshold``: "U" truncates at U (TIS), "L_U" keeps
-    [L, U] (IcePop). ValueError on anything else, as verl's ``_parse_rollout_is_threshold``."""
-    text = str(spec).strip()
-    lower_text, _, upper_text = text.rpartition("_") if "_" in text else ("", "", text)
-    try:
-        upper, lower = float(upper_text), (float(lower_text) if lower_text else None)
-    except ValueError:
-        raise ValueError(f"{spec!r} is not a number U or a range L_U") from None
-    if not upper > 0 or (lower is not None and not 0 < lower <= upper):
-        raise ValueError(f"{spec!r}: need 0 < L <= U")
-    return upper, lower
-
-
-def rs_options(rs: str) -> list[str]:
-    """The distinct options of a comma-separated ``rollout_rs``, in order; ValueError on an unknown one."""
-    options = list(dict.fromkeys(part.strip() for part in rs.split(",") if part.strip()))
-    unknown = [o for o in options if o not in RS_OPTIONS]
-    if unknown or not options:
-        raise ValueError(f"unknown option(s) {unknown or [rs]}; choose among {list(RS_OPTIONS)}, comma-separated")
-    return options
-
-
-def parse_rs_thresholds(options: list[str], spec: str | float | None) -> dict[str, tuple[float | None, float]]:
-    """(lower, upper) per option from ``rollout_rs_threshold``: one spec for all options or one per option,
-    comma-separated; k1 options take "L_U" or "U" (L = 1/U, ratio bounds), the others one upper bound.
-    ValueError on a malformed or non-positive spec, as verl's ``_parse_rollout_rs_thresholds``."""
-    if spec is None:
-        raise ValueError("rejection needs a threshold")
-    specs = [part.strip() for part in str(spec).split(",") if part.strip()]
-    if len(specs) not in (1, len(options)):
-        raise ValueError(f"give one threshold for all {len(options)} options or one per option, got {len(specs)}")
-    specs = specs * len(options) if len(specs) == 1 else specs
-    out = {}
-    for option, text in zip(options, specs):
-        if option.endswith("k1"):
-            upper, lower = parse_is_threshold(text)
-            out[option] = (1.0 / upper if lower is None else lower, upper)
-        else:
-            if "_" in text:
-                raise ValueError(f"{option} takes one upper bound, not a range ({text!r})")
-            upper, _ = parse_is_threshold(text)
-            out[option] = (None, upper)
-    return out
-
-
 def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     """0-d tensor metrics to floats with one host sync."""
     if not metrics:
