@@ -15,7 +15,8 @@ One RL step (:meth:`RLTrainer.step`):
    own training forward, detached, is π_old); H_old from the engine's recorded entropies when the
    engine shares the model and log-probs are untempered (§2.2); the reference model's log-probs only
    when a KL term is on; with ``algorithm.tempered_logprobs`` all of them (and π_θ) come from
-   logits / ``rollout.temperature``, as in verl's actor;
+   logits / ``rollout.temperature``, as in verl's actor; Rollout Correction (§2.11) either takes the
+   engine's recorded log-probs as π_old (bypass) or weights and masks the tokens by π_old/π_rollout;
 6. token-level rewards: the (overlong-shaped, §4) score on the last trained response token, minus
    ``kl_coef`` × KL when the KL goes in the reward (REINFORCE++, §4);
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
@@ -23,7 +24,8 @@ One RL step (:meth:`RLTrainer.step`):
    over micro-batches of ``trainer.micro_batch_size`` sequences (each micro-batch loss scaled by
    its share so the accumulated gradient equals the full mini-batch's; per micro-batch as the
    release with ``algorithm.loss_agg_scope=micro-batch``), then one AdamW step with gradient
-   clipping (§2.4).
+   clipping (§2.4); ``trainer.target_kl`` stops the step's remaining mini-batches once one drifts
+   that far from π_old (§2.11).
 """
 
 from __future__ import annotations
