@@ -339,6 +339,19 @@ def test_a_real_run_with_one_reward_for_everything_warns_no_signal(tiny_tokenize
         assert fired == expected
 
 
+def test_a_real_run_reusing_its_samples_hard_warns_far_off_policy(tiny_tokenizer):
+    """Built to trip: 4 PPO epochs over one-prompt mini-batches at lr 1e-2 (clip fraction ~40-60% on the
+    tiny model); built not to: one epoch at lr 1e-4 (clip fraction 0)."""
+    for overrides, expected in (({"trainer.ppo_epochs": 4, "trainer.lr": 1e-2}, ["off_policy"]),
+                                ({"trainer.lr": 1e-4}, [])):
+        cfg = load_config("grpo", overrides={**TINY_RL, **overrides})
+        model = build_tiny_model(tiny_tokenizer, seed=1)
+        trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
+        health = RunHealth.from_config(cfg.trainer)
+        fired = [kind for step in (1, 2, 3) for kind, _ in health.check(step, trainer.step())]
+        assert fired == expected, overrides
+
+
 def test_the_console_line_shows_the_zero_std_share():
     line = RunLogger.format_line(3, {"critic/score/mean": 0.5, "rollout/informative_group_frac": 0.25})
     assert "zero-std 75%" in line
