@@ -94,14 +94,16 @@ def test_a_correction_needs_comparable_log_probs_and_an_engine_that_records_them
         load_config("aepo", overrides=["algorithm.rollout_correction.bypass_mode=true",
                                        "algorithm.tempered_logprobs=true", "rollout.temperature=0.7"])
     name = "test_no_logprobs_engine"
-    if name not in registry.ENGINES:
-        registry.register_engine(name, shares_weights=True, entropies=("surprisal",))(lambda cfg, model, tok: None)
-    cfg = load_config("aepo", overrides=[f"rollout.engine={name}", "rollout.entropy_measure=surprisal",
-                                         "algorithm.rollout_correction.rollout_is=token"])
-    with pytest.raises(ConfigError, match="behaviour_logprobs"):
-        check_rl_engine(cfg)
-    cfg.algorithm.rollout_correction.rollout_is = None
-    check_rl_engine(cfg)  # without a correction the engine is fine
+    registry.register_engine(name, shares_weights=True, entropies=("surprisal",))(lambda cfg, model, tok: None)
+    try:
+        cfg = load_config("aepo", overrides=[f"rollout.engine={name}", "rollout.entropy_measure=surprisal",
+                                             "algorithm.rollout_correction.rollout_is=token"])
+        with pytest.raises(ConfigError, match="behaviour_logprobs"):
+            check_rl_engine(cfg)
+        cfg.algorithm.rollout_correction.rollout_is = None
+        check_rl_engine(cfg)  # without a correction the engine is fine
+    finally:
+        del registry.ENGINES[name]  # the registry is the process's: leave it as it was
 
 
 # ----------------------------------------------------------------------------------------------
