@@ -217,6 +217,38 @@ class RolloutConfig:
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
 
 
+# Rollout Correction (§2.11): verl's IS levels, rejection options and bypass loss types.
+IS_LEVELS = ("token", "sequence")
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+LOSS_TYPES = ("ppo_clip",)
+"""Bypass-mode loss types implemented here: verl's ``ppo_clip`` (the configured policy loss with
+π_old = π_rollout); verl's ``reinforce`` is not."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (§2.11): importance weights and rejection from the rollout
+    engine's own log-probs, and the bypass mode that takes them as π_old."""
+
+    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.11): token, "
+                                        "sequence (the product over the row's trained tokens), or null (off).",
+                                  choices=IS_LEVELS)
+    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
+                                            "zeroes them outside [L, U] (IcePop). 0 < L <= U; quote L_U in a YAML file.")
+    rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.11).")
+    rollout_rs: str | None = knob(None, "Rejection (§2.11): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
+                                        "seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = 2, 3); a rejected token or row leaves "
+                                        "the loss mask; null = off.")
+    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.11): one for all options or one per option, "
+                                                  "comma-separated; k1 options take L_U or U (ratio bounds, L = 1/U), "
+                                                  "k2/k3 options an upper bound U > 0.")
+    bypass_mode: bool = knob(False, "π_old = the rollout engine's log-probs: no old-log-prob forward; rejection is "
+                                    "then computed from π_θ against π_rollout in each micro-batch (§2.11).")
+    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.11): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
+                                      "(verl's reinforce is not implemented).", choices=LOSS_TYPES)
+
+
 @dataclass
 class AlgorithmConfig:
     """Policy loss and advantage settings; ``aepo_rl.algorithms.PolicyLossConfig`` is this class."""
@@ -255,6 +287,8 @@ class AlgorithmConfig:
     dynamic_sampling: bool = knob(False, "DAPO: drop groups whose rewards are all equal (§4).")
     overlong_buffer_len: int = knob(0, "DAPO overlong shaping: soft-penalty window in tokens; 0 = off (§4).", ge=0)
     overlong_penalty_factor: float = knob(1.0, "DAPO overlong shaping: penalty at the hard limit.", ge=0)
+    rollout_correction: RolloutCorrectionConfig = knob(None, "Rollout Correction (§2.11, verl's names).",
+                                                       factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -299,6 +333,17 @@ class TrainerConfig:
     seed: int = knob(0, "Seed of data order, initialisation and sampling.")
     tensorboard: bool = knob(True, "Write TensorBoard event files.")
     wandb_project: str | None = knob(None, "Log to Weights & Biases under this project when wandb is installed.")
+    target_kl: float | None = knob(None, "Stop an RL step's remaining mini-batches (and PPO epochs) once a mini-batch's "
+                                         "actor/approx_kl to π_old (k3, nats per token) exceeds this; that mini-batch is not stepped either "
+                                         "(docs/training.md \"Staying on-policy\"); None = off.", gt=0)
+    warn_steps: int = knob(3, "Consecutive RL steps a warning's condition must hold before it is printed "
+                              "(docs/training.md \"Staying on-policy\").", ge=1)
+    warn_clipfrac: float = knob(0.02, "Warn far off-policy when actor/pg_clipfrac exceeds this (normal 0.001-0.005).",
+                                gt=0, le=1)
+    warn_ppo_kl: float = knob(0.02, "Warn far off-policy when actor/ppo_kl exceeds this, in nats per token.", gt=0)
+    warn_mismatch_kl: float = knob(0.001, "Warn when the training-rollout mismatch rollout_corr/k3_kl exceeds this.", gt=0)
+    warn_entropy_window: int = knob(10, "Warn when actor/entropy halves or grows by half, moving the same way in at least "
+                                        "70% of the steps, over this many steps.", ge=3)
 
 
 @dataclass
@@ -571,33 +616,39 @@ def tiny_shape_error(model: ModelConfig) -> str | None:
                                model.tiny_num_kv_heads, model.tiny_head_dim)
 
 
+def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, value) of every non-section field of ``obj``, sections (and their sub-sections,
+    such as ``algorithm.rollout_correction``) expanded in declaration order."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        out += _leaves(value, f"{key}.") if dataclasses.is_dataclass(value) else [(key, f, value)]
+    return out
+
+
 def validate(cfg: Config) -> Config:
     """Check every field against its allowed range or choices; return ``cfg``."""
-    for section in dataclasses.fields(cfg):
-        obj = getattr(cfg, section.name)
-        if not dataclasses.is_dataclass(obj):
+    for key, f, value in _leaves(cfg):
+        meta = f.metadata
+        if "." not in key or value is None:  # top-level scalars (preset) are not checked
             continue
-        for f in dataclasses.fields(obj):
-            value, meta, key = getattr(obj, f.name), f.metadata, f"{section.name}.{f.name}"
-            if value is None:
-                continue
-            choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
-            if choices and value not in choices:
-                hint = " (or load the module that registers it: aepo --plugin MODULE)" \
-                    if isinstance(choices, registry.Registry) else ""
-                raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise ConfigError(f"{key}={value} must be a finite number")
-                bounds = []
-                if meta.get("ge") is not None and value < meta["ge"]:
-                    bounds.append(f">= {meta['ge']}")
-                if meta.get("gt") is not None and value <= meta["gt"]:
-                    bounds.append(f"> {meta['gt']}")
-                if meta.get("le") is not None and value > meta["le"]:
-                    bounds.append(f"<= {meta['le']}")
-                if bounds:
-                    raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
+        choices = meta["choices"]() if callable(meta.get("choices")) else meta.get("choices")
+        if choices and value not in choices:
+            hint = " (or load the module that registers it: aepo --plugin MODULE)" \
+                if isinstance(choices, registry.Registry) else ""
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}{hint}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}={value} must be a finite number")
+            bounds = []
+            if meta.get("ge") is not None and value < meta["ge"]:
+                bounds.append(f">= {meta['ge']}")
+            if meta.get("gt") is not None and value <= meta["gt"]:
+                bounds.append(f"> {meta['gt']}")
+            if meta.get("le") is not None and value > meta["le"]:
+                bounds.append(f"<= {meta['le']}")
+            if bounds:
+                raise ConfigError(f"{key}={value} is out of range: it must be {' and '.join(bounds)}")
     if not DEVICE_NAME.fullmatch(cfg.trainer.device):
         raise ConfigError(f"trainer.device={cfg.trainer.device!r} is not allowed; choose one of {list(DEVICES)} "
                           "(N = a GPU index, e.g. cuda:1)")
@@ -617,7 +668,92 @@ def validate(cfg: Config) -> Config:
     vllm_compilation_config(cfg.rollout)
     if cfg.rollout.global_samples is not None and cfg.rollout.global_samples > cfg.rollout.n:
         raise ConfigError(f"rollout.global_samples={cfg.rollout.global_samples} must be <= rollout.n={cfg.rollout.n}")
+    check_rollout_correction(cfg)
     return cfg
+
+
+# Rollout Correction's threshold specs (§2.11), parsed here so that validating a config needs no torch;
+# aepo_rl.algorithms.rollout_correction uses them.
+
+
+def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
+    """(upper, lower or None) from ``rollout_is_threshold``: "U" truncates at U (TIS), "L_U" keeps
+    [L, U] (IcePop). ValueError on anything else, as verl's ``_parse_rollout_is_threshold``."""
+    text = str(spec).strip()
+    lower_text, _, upper_text = text.rpartition("_") if "_" in text else ("", "", text)
+    try:
+        upper, lower = float(upper_text), (float(lower_text) if lower_text else None)
+    except ValueError:
+        raise ValueError(f"{spec!r} is not a number U or a range L_U") from None
+    if not upper > 0 or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"{spec!r}: need 0 < L <= U")
+    return upper, lower
+
+
+def rs_options(rs: str) -> list[str]:
+    """The distinct options of a comma-separated ``rollout_rs``, in order; ValueError on an unknown one."""
+    options = list(dict.fromkeys(part.strip() for part in rs.split(",") if part.strip()))
+    unknown = [o for o in options if o not in RS_OPTIONS]
+    if unknown or not options:
+        raise ValueError(f"unknown option(s) {unknown or [rs]}; choose among {list(RS_OPTIONS)}, comma-separated")
+    return options
+
+
+def parse_rs_thresholds(options: list[str], spec: str | float | None) -> dict[str, tuple[float | None, float]]:
+    """(lower, upper) per option from ``rollout_rs_threshold``: one spec for all options or one per option,
+    comma-separated; k1 options take "L_U" or "U" (L = 1/U, ratio bounds), the others one upper bound.
+    ValueError on a malformed or non-positive spec, as verl's ``_parse_rollout_rs_thresholds``."""
+    if spec is None:
+        raise ValueError("rejection needs a threshold")
+    specs = [part.strip() for part in str(spec).split(",") if part.strip()]
+    if len(specs) not in (1, len(options)):
+        raise ValueError(f"give one threshold for all {len(options)} options or one per option, got {len(specs)}")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    out = {}
+    for option, text in zip(options, specs):
+        if option.endswith("k1"):
+            upper, lower = parse_is_threshold(text)
+            out[option] = (1.0 / upper if lower is None else lower, upper)
+        else:
+            if "_" in text:
+                raise ValueError(f"{option} takes one upper bound, not a range ({text!r})")
+            upper, _ = parse_is_threshold(text)
+            out[option] = (None, upper)
+    return out
+
+
+
+def uses_rollout_log_probs(cfg: Config) -> bool:
+    """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.11)."""
+    rc = cfg.algorithm.rollout_correction
+    return rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode
+
+
+def check_rollout_correction(cfg: Config) -> None:
+    """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, and a correction
+    whose log-probs would not be comparable (the engines record untempered log-probs, §2.11)."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    try:
+        parse_is_threshold(rc.rollout_is_threshold)
+    except ValueError as err:
+        raise ConfigError(f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: {err}; write U (e.g. 2.0) "
+                          "or L_U (e.g. 0.5_2.0)") from None
+    if rc.rollout_rs is not None:
+        try:
+            options = rs_options(rc.rollout_rs)
+        except ValueError as err:
+            raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r}: {err}") from None
+        if rc.rollout_rs_threshold is None:
+            raise ConfigError(f"{key}.rollout_rs={rc.rollout_rs!r} needs {key}.rollout_rs_threshold (e.g. 0.5_2.0 for "
+                              "k1 options, 0.01 for k2/k3 ones)")
+        try:
+            parse_rs_thresholds(options, rc.rollout_rs_threshold)
+        except ValueError as err:
+            raise ConfigError(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: {err}") from None
+    if uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1:
+        raise ConfigError(f"{key} compares the trainer's log-probs with the engine's, which are untempered, but "
+                          f"algorithm.tempered_logprobs=true makes the trainer's tempered (rollout.temperature="
+                          f"{cfg.rollout.temperature}): set algorithm.tempered_logprobs=false, or turn the correction off")
 
 
 def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
@@ -636,6 +772,11 @@ def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:
     return value
 
 
+NUMBER_RANGE = re.compile(r"[0-9.eE+-]+_[0-9.eE+-]+(,[0-9.eE+-]+(_[0-9.eE+-]+)?)*")
+"""An L_U threshold (``algorithm.rollout_correction.*_threshold``, §2.11), kept as written: int() and
+float() read digit-separating underscores themselves, so numeric keys are unaffected."""
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings; values are read as YAML scalars (``0.28``, ``true``, ``[a,b]``)."""
     out: dict[str, Any] = {}
@@ -643,6 +784,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like section.key=value")
         key, raw = item.split("=", 1)
+        if NUMBER_RANGE.fullmatch(raw.strip()):  # YAML 1.1 would read 0.5_2 as the number 0.52
+            out[key.strip()] = raw.strip()
+            continue
         try:
             out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -728,18 +872,12 @@ class FieldInfo:
 def fields_info(cfg: Config) -> list[FieldInfo]:
     """Every field of ``cfg`` (top-level scalars, then each section's fields) with its metadata."""
     rows = []
-    for section in dataclasses.fields(cfg):
-        obj = getattr(cfg, section.name)
-        if dataclasses.is_dataclass(obj):
-            entries = [(f"{section.name}.{f.name}", f, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
-        else:
-            entries = [(section.name, section, obj)]
-        for key, f, value in entries:
-            meta = f.metadata
-            choices = meta.get("choices")
-            rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
-                                  tuple(choices() if callable(choices) else choices) if choices else None,
-                                  meta.get("ge"), meta.get("gt"), meta.get("le")))
+    for key, f, value in _leaves(cfg):
+        meta = f.metadata
+        choices = meta.get("choices")
+        rows.append(FieldInfo(key, str(f.type), value, meta.get("doc", ""),
+                              tuple(choices() if callable(choices) else choices) if choices else None,
+                              meta.get("ge"), meta.get("gt"), meta.get("le")))
     return rows
 
 

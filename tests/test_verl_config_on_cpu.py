@@ -120,18 +120,20 @@ def test_a_plain_policy_loss_config_without_the_plus_is_refused_by_hydra():
     ("trainer.use_v1=false", "trainer.use_v1=false: aepo_tree needs"),
     ("actor_rollout_ref.rollout.full_determinism=true", "full_determinism=true: .*share one id"),
     ("distillation.enabled=true", "distillation.enabled=true with actor.policy_loss.loss_mode=aepo"),
+    ("trainer.use_v1=false algorithm.rollout_correction.bypass_mode=true",
+     "bypass_mode=true with trainer.use_v1=false: .*loss would silently not run"),
     ("+actor_rollout_ref.rollout.custom.aepo.branch_thresold=0.5", "unknown key.*custom.aepo.branch_thresold"),
 ])
 def test_main_ppos_validate_config_refuses_what_the_plugin_cannot_run(override, message):
     """The plugin wraps verl's validate_config (what main_ppo calls before it starts Ray): SGLang (review H1),
-    the async trainer modes (M1), the legacy trainer, full determinism (L2), distillation (L7) and a bad
-    custom.aepo key stop the run at start with the key and the fix."""
+    the async trainer modes (M1), the legacy trainer (and its bypass mode, which swaps the loss), full
+    determinism (L2), distillation (L7) and a bad custom.aepo key stop the run at start with the key and the fix."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     from aepo_rl.config import ConfigError
 
-    config = compose(smoke_overrides() + [override])
+    config = compose(smoke_overrides() + override.split())
     with pytest.raises(ConfigError, match=message):
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))

@@ -2,7 +2,8 @@
 
 The command is examples/verl/smoke_1gpu.sh's (the plugin's loss, the ``aepo_tree`` agent loop, GRPO,
 ``aepo verl-data`` rows of the synthetic task, its search tool) with a tiny random Qwen3 saved to
-disk, one rank, and the CPU settings of docs/verl.md ("End to end on the CPU"). Everything verl runs
+disk, one rank, and the CPU settings of docs/verl.md ("End to end on the CPU"), with verl's Rollout
+Correction on (token IS weights and k3 rejection, decoupled). Everything verl runs
 is verl's: Hydra config and validation, Ray, the TaskRunner, TransferQueue, the V1 sync trainer, the
 FSDP2 engine and its training step, the agent-loop worker, the reward worker, the weight sync. What
 the test harness (tests/verl_cpu/aepo_verl_cpu.py) adds through verl's plugin hooks: a CPU platform,
@@ -51,6 +52,12 @@ CPU_OVERRIDES = [
 ]
 """What the CPU needs on top of the plugin's overrides (docs/verl.md)."""
 
+ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+                      "algorithm.rollout_correction.rollout_rs=token_k3",
+                      "algorithm.rollout_correction.rollout_rs_threshold=1.0"]
+"""verl's own Rollout Correction, decoupled: truncated token IS weights on the aepo loss and k3 token rejection
+(docs/algorithm.md §2.11); its rollout log-probs are the agent loop's."""
+
 
 def tiny_checkpoint(path: Path) -> Path:
     """A tiny random Qwen3 and its tokenizer, saved the way verl loads a model. The chat template's
@@ -92,6 +99,7 @@ def command(model: Path, data: Path, out: Path) -> list[str]:
         "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=false",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
+        *ROLLOUT_CORRECTION,
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.agent.default_agent_loop=aepo_tree",
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=aepo_verl_cpu.SpyAgentLoopManager",
@@ -148,6 +156,18 @@ def test_two_steps_log_the_aepo_loss(run):
             assert key in data and math.isfinite(data[key]), (key, data)
         assert 0 < data["actor/entropy_adv_scale/mean"] < 2
         assert data["actor/grad_norm"] > 0, "zero gradient: no reward differences within a group"
+
+
+def test_verls_rollout_correction_runs_with_the_aepo_loss(run):
+    """verl computed IS weights and the rejection mask from the agent loop's rollout log-probs against its own
+    recomputed π_old, and the aepo loss trained with them: its metrics are in every step."""
+    for row in [row for row in run["metrics"] if "actor/pg_loss" in row["data"]]:
+        data = row["data"]
+        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/k3_kl",
+                    "rollout_corr/kl", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/chi2_token"):
+            assert key in data and math.isfinite(data[key]), (key, sorted(k for k in data if "rollout_corr" in k))
+        assert 0 < data["rollout_corr/rollout_is_mean"] <= 2 and 0 <= data["rollout_corr/rollout_rs_masked_fraction"] < 1
+        assert data["rollout_corr/k3_kl"] >= 0
 
 
 def test_each_step_logs_aepos_rollout_metrics(run):

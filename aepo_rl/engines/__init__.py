@@ -56,7 +56,8 @@ def check_entropy_measure(cfg) -> None:
 ALL_SAMPLING = tuple(SAMPLING_OPTIONS)
 
 
-@register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"), sampling=ALL_SAMPLING)
+@register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"), sampling=ALL_SAMPLING,
+                 behaviour_logprobs=True)
 def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
@@ -93,7 +94,8 @@ def openai_engine(cfg, model, tokenizer) -> GenerationEngine:
                         seed=rollout.seed)
 
 
-@register_engine("vllm", syncs_weights=True, entropies=("surprisal", "top10_proxy"), sampling=ALL_SAMPLING)
+@register_engine("vllm", syncs_weights=True, entropies=("surprisal", "top10_proxy"), sampling=ALL_SAMPLING,
+                 behaviour_logprobs=True)
 def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
     """In-process vLLM (``pip install -e ".[vllm]"``) over a copy of ``model`` saved to a temporary folder;
     the RL trainer pushes its weights after every optimizer step (``sync_weights``). Its ``entropies``

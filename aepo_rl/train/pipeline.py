@@ -45,13 +45,14 @@ import yaml
 from rich.table import Table
 
 from aepo_rl import registry
-from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, validate
+from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, uses_rollout_log_probs, validate
 from aepo_rl.engines import build_engine, check_entropy_measure, check_sampling_options
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.progress import get_console
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
+from aepo_rl.train.health import RunHealth
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft_data import SFTData, load_sft_data
@@ -281,6 +282,11 @@ def check_rl_engine(cfg: Config) -> None:
         raise ConfigError(f"rollout.engine={cfg.rollout.engine!r}: the built-in RL trainer needs an engine that shares "
                           f"the policy's weights or syncs them after each update (a server would keep sampling the "
                           f"old policy): one of {usable}")
+    if uses_rollout_log_probs(cfg) and not capabilities["behaviour_logprobs"]:
+        usable = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["behaviour_logprobs"]]
+        raise ConfigError(f"algorithm.rollout_correction needs the rollout engine's log-probs of every sampled token, "
+                          f"which rollout.engine={cfg.rollout.engine!r} does not declare (registry capability "
+                          f"behaviour_logprobs): use one of {usable}, or turn rollout_is, rollout_rs and bypass_mode off")
     check_entropy_measure(cfg)
     check_sampling_options(cfg)
 
@@ -333,7 +339,7 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
     """
     with RunLogger(run_dir, total_steps=cfg.trainer.steps, history=history, tensorboard=cfg.trainer.tensorboard,
                    wandb_project=cfg.trainer.wandb_project, run_name=run_dir.name, config=to_dict(cfg),
-                   console=get_console()) as logger, StopOnSignals() as stop:
+                   console=get_console(), health=RunHealth.from_config(cfg.trainer)) as logger, StopOnSignals() as stop:
         try:
             while trainer.global_step < cfg.trainer.steps:
                 metrics = trainer.step()

@@ -15,7 +15,8 @@ One RL step (:meth:`RLTrainer.step`):
    own training forward, detached, is π_old); H_old from the engine's recorded entropies when the
    engine shares the model and log-probs are untempered (§2.2); the reference model's log-probs only
    when a KL term is on; with ``algorithm.tempered_logprobs`` all of them (and π_θ) come from
-   logits / ``rollout.temperature``, as in verl's actor;
+   logits / ``rollout.temperature``, as in verl's actor; Rollout Correction (§2.11) either takes the
+   engine's recorded log-probs as π_old (bypass) or weights and masks the tokens by π_old/π_rollout;
 6. token-level rewards: the (overlong-shaped, §4) score on the last trained response token, minus
    ``kl_coef`` × KL when the KL goes in the reward (REINFORCE++, §4);
 7. advantages from the chosen estimator with ``index`` = the prompt group of each row (§2.1, §4);
@@ -23,13 +24,15 @@ One RL step (:meth:`RLTrainer.step`):
    over micro-batches of ``trainer.micro_batch_size`` sequences (each micro-batch loss scaled by
    its share so the accumulated gradient equals the full mini-batch's; per micro-batch as the
    release with ``algorithm.loss_agg_scope=micro-batch``), then one AdamW step with gradient
-   clipping (§2.4).
+   clipping (§2.4); ``trainer.target_kl`` stops the step's remaining mini-batches once one drifts
+   that far from π_old (§2.11).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 import math
 import time
@@ -42,8 +45,10 @@ from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_
 
 from aepo_rl import algorithms, registry
 from aepo_rl.algorithms.advantages import anchor_keys
+from aepo_rl.algorithms.rollout_correction import mismatch_metrics, rollout_correction, to_floats
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
+from aepo_rl.errors import UserError
 from aepo_rl.models import encode_prompt, model_device
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
@@ -119,6 +124,7 @@ class Batch:
     response_mask: torch.Tensor   # [B, R] 1.0 = model-written token (trained); 0.0 = tool result or pad
     group_index: torch.Tensor     # [B] prompt group of each row
     shared_prefix: torch.Tensor   # [B] leading response tokens copied from an earlier row (a fork's prefix, §1.5)
+    rollout_log_probs: torch.Tensor  # [B, R] the engine's log π_rollout of each sampled token (§2.11); 0 off the mask
 
     @property
     def num_rows(self) -> int:
@@ -129,7 +135,7 @@ class Batch:
         longest = int(self.sequence_lengths[index].max())
         return Batch(self.input_ids[index, :longest], self.prompt_lengths[index], self.sequence_lengths[index],
                      self.responses[index], self.response_mask[index], self.group_index[index],
-                     self.shared_prefix[index])
+                     self.shared_prefix[index], self.rollout_log_probs[index])
 
     def to(self, device: torch.device) -> Batch:
         """The batch on ``device`` (itself when it is there already)."""
@@ -137,29 +143,36 @@ class Batch:
 
 
 def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id: int) -> Batch:
-    """Build the training batch from the engine's own token ids; ``traj.loss_mask`` masks tool results."""
+    """Build the training batch from the engine's own token ids; ``traj.loss_mask`` masks tool results.
+
+    ``rollout_log_probs`` are the engine's recorded ``traj.logprobs`` (§2.11), set to 0 where the loss mask is 0
+    (tool results, padding); a fork's copied prefix carries its parent's (the tree copies them, §1.5)."""
     prompts = [t.prompt_token_ids for t in trajectories]
     responses = [t.response_token_ids for t in trajectories]
     for traj in trajectories:
-        if len(traj.loss_mask) != len(traj.response_token_ids):
-            raise ValueError(f"trajectory {traj.prompt_id}/{traj.traj_id}: loss_mask has {len(traj.loss_mask)} "
-                             f"entries for {len(traj.response_token_ids)} response tokens")
+        for name in ("loss_mask", "logprobs"):
+            if len(getattr(traj, name)) != len(traj.response_token_ids):
+                raise ValueError(f"trajectory {traj.prompt_id}/{traj.traj_id}: {name} has {len(getattr(traj, name))} "
+                                 f"entries for {len(traj.response_token_ids)} response tokens")
     rows = len(trajectories)
     longest_response = max(1, max(len(r) for r in responses))
     longest_sequence = max(len(p) + len(r) for p, r in zip(prompts, responses))
     input_ids = torch.full((rows, longest_sequence), pad_token_id, dtype=torch.long)
     response_ids = torch.full((rows, longest_response), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros(rows, longest_response)
+    rollout_log_probs = torch.zeros(rows, longest_response)
     for i, (prompt, response, traj) in enumerate(zip(prompts, responses, trajectories)):
         input_ids[i, :len(prompt) + len(response)] = torch.tensor(prompt + response, dtype=torch.long)
         response_ids[i, :len(response)] = torch.tensor(response, dtype=torch.long)
         response_mask[i, :len(response)] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        rollout_log_probs[i, :len(response)] = torch.tensor(traj.logprobs, dtype=torch.float32)
     return Batch(input_ids=input_ids,
                  prompt_lengths=torch.tensor([len(p) for p in prompts]),
                  sequence_lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
                  responses=response_ids, response_mask=response_mask,
                  group_index=torch.tensor(group_index),
-                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]))
+                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]),
+                 rollout_log_probs=torch.where(response_mask > 0, rollout_log_probs, 0.0))
 
 
 def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = False, temperature: float = 1.0,
@@ -212,6 +225,15 @@ def recorded(trajectories: list[Trajectory], field: str, like: torch.Tensor) -> 
                              f"for {len(traj.response_token_ids)} response tokens")
         out[i, :len(values)] = torch.tensor(values, dtype=out.dtype)
     return out.to(like.device)
+
+
+def check_rollout_log_probs(batch: Batch, engine: str) -> None:
+    """Refuse a correction (§2.11) whose engine left a trained token without a finite log-prob (an endpoint
+    that returned none)."""
+    if not bool(torch.isfinite(batch.rollout_log_probs).all()):
+        raise UserError(f"algorithm.rollout_correction needs the rollout engine's log-prob of every sampled token, "
+                        f"but rollout.engine={engine!r} returned none for some: serve log-probs (an OpenAI-compatible "
+                        "server with logprobs, vLLM) or turn rollout_is, rollout_rs and bypass_mode off")
 
 
 def by_length(batch: Batch, rows: torch.Tensor) -> torch.Tensor:
@@ -267,6 +289,8 @@ class FixedTensors:
     old_entropy: torch.Tensor
     advantages: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    """Rollout Correction's importance weights (§2.11), multiplying the per-token policy loss; None = off."""
 
 
 def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, cfg: Config,
@@ -300,10 +324,16 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     ``actor/entropy`` is verl's (masked mean over the rows, so a fork's copied prefix counts once per
     leaf); ``actor/entropy_unique`` counts every token of a tree once: the masked tokens at or after
     each row's ``shared_prefix`` (§7.1).
+
+    Rollout Correction (§2.11): ``fixed.is_weights`` multiply the per-token policy loss before its
+    aggregation. In bypass mode π_old is π_rollout, and each micro-batch's rejection (``rollout_rs``) and
+    ``rollout_corr/*`` metrics come from this forward's π_θ against π_rollout, as verl's bypass loss does
+    (its IS weights are logged, not applied: the PPO ratio is already π_θ/π_rollout).
     """
     algo = cfg.algorithm
     if algo.loss_scale_factor is None:
         algo = dataclasses.replace(algo, loss_scale_factor=cfg.rollout.max_response_length)
+    bypass = algo.rollout_correction.bypass_mode
     mask = batch.response_mask
     rows = by_length(batch, rows)
     mini_mask = mask[rows]
@@ -317,6 +347,7 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
     sums: dict[str, float] = {}
     columns = torch.arange(mask.shape[1], device=mask.device)
     unique_sum, unique_count = torch.zeros((), device=mask.device), torch.zeros((), device=mask.device)
+    approx_kl = torch.zeros((), device=mask.device)
     for positions in torch.split(torch.arange(len(rows), device=rows.device), cfg.trainer.micro_batch_size):
         micro = rows[positions]
         micro_mask = mask[micro]
@@ -329,13 +360,20 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         if on_policy:
             fixed.old_log_probs[micro], fixed.old_entropy[micro] = log_probs.detach(), entropy.detach()
         token_flags: dict[str, torch.Tensor] = {}
+        extra, correction_metrics = {}, {}
+        if bypass:
+            _, micro_mask, correction_metrics = rollout_correction(log_probs, fixed.old_log_probs[micro], micro_mask,
+                                                                   algo.rollout_correction)
+        elif fixed.is_weights is not None:
+            extra["aggregate"] = is_weighted_aggregate(fixed.is_weights[micro], algo)
         loss, loss_metrics = policy_loss(
             fixed.old_log_probs[micro], log_probs, fixed.advantages[micro], micro_mask,
             loss_agg_mode=algo.loss_agg_mode, config=algo,
             entropy=entropy.detach() if gives_entropy else None,
             entropy_stats=micro_stats,
             index=batch.group_index[micro],
-            **({"token_flags": token_flags} if flags_wanted else {}))
+            **extra, **({"token_flags": token_flags} if flags_wanted else {}))
+        loss_metrics.update(correction_metrics)
         if flags_wanted:
             flagged.append((entropy.detach(), micro_mask, token_flags))
         if algo.entropy_coeff > 0:
@@ -350,14 +388,28 @@ def accumulate_gradients(model, batch: Batch, rows: torch.Tensor, fixed: FixedTe
         loss_metrics["actor/entropy"] = float(masked_mean(entropy.detach(), micro_mask.bool()))
         for key, value in loss_metrics.items():
             sums[key] = sums.get(key, 0.0) + share * float(value)
+        with torch.no_grad():  # k3 of KL(π_old‖π_θ), ≥ 0 (CleanRL's approx_kl; the target-KL guard's)
+            log_ratio = (log_probs.detach() - fixed.old_log_probs[micro]).clamp(-20, 20)
+            approx_kl = approx_kl + share * masked_mean(log_ratio.exp() - 1 - log_ratio, micro_mask.bool())
         own = micro_mask.bool() & (columns >= batch.shared_prefix[micro, None])
         unique_sum, unique_count = unique_sum + (entropy.detach() * own).sum(), unique_count + own.sum()
     sums["actor/entropy_unique"] = float(unique_sum / unique_count.clamp(min=1))
+    sums["actor/approx_kl"] = float(approx_kl)
     if flagged:
         entropies, masks, flags = zip(*flagged)
         sums.update(algorithms.high_entropy_shares(torch.cat(entropies), torch.cat(masks),
                                                    {name: torch.cat([f[name] for f in flags]) for name in flags[0]}))
     return sums
+
+
+def is_weighted_aggregate(weights: torch.Tensor, algo):
+    """The policy loss's aggregation with Rollout Correction's IS weights on each token's loss (§2.5, §2.11):
+    agg(w ⊙ L), as verl's losses multiply ``pg_losses`` by ``rollout_is_weights``."""
+
+    def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return algorithms.agg_loss(loss_mat * weights, mask, algo.loss_agg_mode, algo.loss_scale_factor)
+
+    return aggregate
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,6 +486,18 @@ class RLTrainer:
         if self.kl_on and ref_model is None:
             ref_model = copy.deepcopy(model)
         self.ref_model = ref_model.to(self.device).eval().requires_grad_(False) if self.kl_on else None
+        correction = cfg.algorithm.rollout_correction
+        self.decoupled_correction = not correction.bypass_mode and (correction.rollout_is is not None
+                                                                    or correction.rollout_rs is not None)
+        """Decoupled Rollout Correction (§2.11): weights and rejection from π_old against π_rollout, before the update."""
+        if correction.rollout_is is not None and "aggregate" not in inspect.signature(self.policy_loss).parameters:
+            raise ConfigError(f"algorithm.rollout_correction.rollout_is multiplies the per-token policy loss before its "
+                              f"aggregation, which algorithm.policy_loss={cfg.algorithm.policy_loss!r} does not let the "
+                              "trainer do (it takes no aggregate= argument, as the built-in losses do): add it, or set "
+                              "rollout_is=null")
+        self.rollout_log_probs_comparable = (train_temperature(cfg) == 1 and
+                                             registry.ENGINES.capabilities(cfg.rollout.engine)["behaviour_logprobs"])
+        """The engine's untempered log-probs can be set against the trainer's π_old (§2.11)."""
         self.engine_syncs = registry.ENGINES.capabilities(cfg.rollout.engine)["syncs_weights"]
         """The engine holds its own copy of the weights (vLLM): pushed after every update, and π_old is
         never the engine's log-probs but the trainer's own forward (the engine's are only compared)."""
@@ -532,6 +596,11 @@ class RLTrainer:
         token_rewards, kl = self._rewards(batch, scores, fixed)
         if kl is not None:
             metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask.bool()))
+        if self.decoupled_correction:  # verl: weights and rejection after the rewards, before the advantages
+            fixed.is_weights, mask, correction_metrics = rollout_correction(
+                fixed.old_log_probs, batch.rollout_log_probs, batch.response_mask, self.cfg.algorithm.rollout_correction)
+            batch = dataclasses.replace(batch, response_mask=mask)
+            metrics.update(correction_metrics)
         fixed.advantages = self._advantages(batch, token_rewards, kl, trajectories, group_index)
 
         t0 = time.perf_counter()
@@ -539,7 +608,8 @@ class RLTrainer:
         metrics["timing_s/update"] = time.perf_counter() - t0
         trained_tokens = sum(int(batch.sequence_lengths[rows].sum()) for epoch in mini_batches for rows in epoch)
         metrics["train/tokens_per_s"] = trained_tokens / (metrics["timing_s/update"] + metrics["timing_s/old_log_prob"])
-        metrics.update(self._batch_metrics(trajectories, batch, scores, token_rewards, fixed))
+        metrics.update(self._batch_metrics(batch, scores, token_rewards, fixed, with_mismatch=not (
+            self.decoupled_correction or self.cfg.algorithm.rollout_correction.bypass_mode)))
         self.last_rollout = self._rollout_records(trajectories, scores, fixed.advantages, batch.response_mask)
         return metrics
 
@@ -575,13 +645,22 @@ class RLTrainer:
         needs_old_entropy = (registry.POLICY_LOSSES.needs(algo.policy_loss, "entropy_stats")
                              and algo.entropy_adv_coef > 0 and algo.entropy_adv_scope != "micro-batch"
                              and not engine_has_old_entropy)
-        reuse_first = not (algo.use_kl_in_reward or needs_old_entropy)
+        bypass = algo.rollout_correction.bypass_mode
+        if bypass or self.decoupled_correction:
+            check_rollout_log_probs(batch, cfg.rollout.engine)
+        # The first mini-batch's own forward is π_old unless π_old is needed before the update (KL in the
+        # reward, entropy statistics, the correction's weights) or is the engine's (bypass, §2.11).
+        reuse_first = not (algo.use_kl_in_reward or needs_old_entropy or self.decoupled_correction or bypass)
         needs_old_pass = torch.ones(batch.num_rows, dtype=torch.bool, device=self.device)
         if reuse_first:
             needs_old_pass[first_mini_batch] = False
+        if bypass and not needs_old_entropy:
+            needs_old_pass[:] = False
         old_log_probs, old_entropy = batched_logprobs(self.model, batch, torch.nonzero(needs_old_pass).flatten(),
                                                       cfg.trainer.micro_batch_size, cfg.trainer.bf16, temperature,
                                                       with_entropy=not engine_has_old_entropy)
+        if bypass:  # π_old = π_rollout: no recompute (the pass above ran only for H_old, if at all)
+            old_log_probs = batch.rollout_log_probs.clone()
         if engine_has_old_entropy:  # the pass skipped the entropies: the engine's record replaces them
             old_entropy = recorded(trajectories, "entropies", batch.response_mask)
         ref_log_probs = None
@@ -629,31 +708,50 @@ class RLTrainer:
 
     def _ppo(self, batch: Batch, fixed: FixedTensors, mini_batches: list[list[torch.Tensor]],
              first_on_policy: bool) -> dict[str, float]:
-        """PPO epochs × mini-batches, one optimizer step each (§2.4); the mean of their metrics.
+        """PPO epochs × mini-batches, one optimizer step each (§2.4); the mean of their metrics (each over
+        the mini-batches that logged it).
 
         ``first_on_policy``: the first mini-batch's training forward provides its π_old and H_old.
+        ``trainer.target_kl``: the first mini-batch whose ``actor/approx_kl`` (k3 of KL(π_old‖π_θ) over its
+        tokens, before its update) exceeds it is not stepped, and neither is any later one of the step
+        (CleanRL's and Stable-Baselines3's early stop); ``actor/early_stop_frac`` = the share of the step's
+        mini-batches left out.
         """
         self.model.train()
         sums: dict[str, float] = {}
-        optimizer_steps = 0
+        counts: dict[str, int] = {}
+        target_kl = self.cfg.trainer.target_kl
+        planned, skipped = sum(len(epoch) for epoch in mini_batches), 0
         for epoch, epoch_mini_batches in enumerate(mini_batches):
             for index, rows in enumerate(epoch_mini_batches):
                 on_policy = first_on_policy and epoch == 0 and index == 0
-                for key, value in self.optimizer_step(batch, rows, fixed, on_policy=on_policy).items():
-                    sums[key] = sums.get(key, 0.0) + value
-                optimizer_steps += 1
+                step_metrics = self.optimizer_step(batch, rows, fixed, on_policy=on_policy, target_kl=target_kl)
+                for key, value in step_metrics.items():
+                    sums[key], counts[key] = sums.get(key, 0.0) + value, counts.get(key, 0) + 1
+                if "actor/grad_norm" not in step_metrics:  # stopped early: this and every later mini-batch
+                    skipped = planned - sum(len(e) for e in mini_batches[:epoch]) - index
+                    break
+            if skipped:
+                break
         self.model.eval()
-        return {key: value / optimizer_steps for key, value in sums.items()}
+        metrics = {key: value / counts[key] for key, value in sums.items()}
+        if target_kl is not None:
+            metrics["actor/early_stop_frac"] = skipped / planned
+        return metrics
 
-    def _batch_metrics(self, trajectories: list[Trajectory], batch: Batch, scores: torch.Tensor,
-                       token_rewards: torch.Tensor, fixed: FixedTensors) -> dict[str, float]:
-        """Learning rate, scores, rewards, advantages and the rollout/training log-prob gap of the batch."""
+    def _batch_metrics(self, batch: Batch, scores: torch.Tensor, token_rewards: torch.Tensor, fixed: FixedTensors,
+                       *, with_mismatch: bool) -> dict[str, float]:
+        """Learning rate, scores, rewards, advantages and the rollout/training log-prob gap of the batch:
+        with ``with_mismatch`` (no correction computed them already), verl's training-rollout mismatch
+        metrics ``rollout_corr/*`` (§2.11), when the engine's log-probs are comparable with π_old."""
         mask, advantages = batch.response_mask, fixed.advantages
         metrics = {}
-        if train_temperature(self.cfg) == 1:  # the engine records untempered log-probs
-            rollout_log_probs = recorded(trajectories, "logprobs", mask)
-            metrics["rollout/logprob_abs_diff"] = float(masked_mean((fixed.old_log_probs - rollout_log_probs).abs(),
+        if self.rollout_log_probs_comparable and bool(torch.isfinite(batch.rollout_log_probs).all()):
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean((fixed.old_log_probs - batch.rollout_log_probs).abs(),
                                                                     mask.bool()))
+            if with_mismatch and mask.any():
+                metrics.update({f"rollout_corr/{k}": v for k, v in to_floats(
+                    mismatch_metrics(fixed.old_log_probs, batch.rollout_log_probs, mask)).items()})
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["critic/score/mean"] = float(scores.mean())
         metrics["critic/rewards/mean"] = float((token_rewards * mask).sum(1).mean())
@@ -662,12 +760,17 @@ class RLTrainer:
         metrics["critic/advantages/min"] = float(advantages[mask > 0].min()) if mask.any() else 0.0
         return metrics
 
-    def optimizer_step(self, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, *, on_policy: bool
-                       ) -> dict[str, float]:
-        """One mini-batch: accumulate its gradient over micro-batches, clip, AdamW step (§2.4)."""
+    def optimizer_step(self, batch: Batch, rows: torch.Tensor, fixed: FixedTensors, *, on_policy: bool,
+                       target_kl: float | None = None) -> dict[str, float]:
+        """One mini-batch: accumulate its gradient over micro-batches, clip, AdamW step (§2.4). With
+        ``target_kl``, a mini-batch whose ``actor/approx_kl`` exceeds it is not stepped: its loss metrics are
+        returned without ``actor/grad_norm``."""
         self.optimizer.zero_grad(set_to_none=True)
         metrics = accumulate_gradients(self.model, batch, rows, fixed, self.cfg, self.policy_loss,
                                        on_policy=on_policy)
+        if target_kl is not None and metrics["actor/approx_kl"] > target_kl:
+            self.optimizer.zero_grad(set_to_none=True)
+            return metrics
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.trainer.grad_clip))
         if math.isfinite(grad_norm):
