@@ -86,7 +86,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
+    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'phantomwiki' (PhantomWiki universes), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
                      choices=lambda: _registered("TASKS"))
     seed: int = knob(0, "Seed of the synthetic world and its questions.")
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
@@ -107,7 +107,7 @@ class TaskConfig:
     search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's demonstrations short: it reads one document).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
     search_max_chars: int = knob(300, "Characters of each search hit's text shown to the agent (the release's 300); a "
-                                      "longer text is cut and ends in '…' (phantomwiki: 600, see docs/tasks-and-rewards.md).",
+                                      "longer text is cut and ends in '…' (phantomwiki: 400 shows every article whole, docs/tasks-and-rewards.md).",
                                  ge=1)
     phantomwiki_dir: str | None = knob(None, "PhantomWiki: a folder with one universe per split, subfolders train/, test/ "
                                              "and optionally dev/ (else dev is test), each with the generator's "

@@ -304,3 +304,36 @@ def test_aepo_train_and_eval_run_end_to_end_on_phantomwiki(tmp_path):
     assert main(["eval", "--model", str(run / "checkpoints" / "sft"), "--out", str(out),
                  *(f"{k}={v}" for k, v in eval_knobs.items())]) == 0
     assert json.loads(out.read_text())["phantomwiki/test"]["by_difficulty"]
+
+
+def test_evaluation_searches_the_split_universe_and_reports_em_f1_by_difficulty(tmp_path):
+    from aepo_rl.evaluate import score_groups
+    from aepo_rl.rollout.trajectory import Trajectory
+    from aepo_rl.tasks.common import split_tools
+
+    write_universe(tmp_path / "pw" / "train")
+    write_universe(tmp_path / "pw" / "test")
+    task = get_task(folder_config(tmp_path))
+    assert split_tools(task, "test")["search"].index.docs[0]["id"] == "test-0"
+    assert task.tools()["search"].index.docs[0]["id"] == "train-0"
+    examples = task.examples("test")
+    answers = [[r"\boxed{Bo Lee}", r"\boxed{Ann Lee}"], [r"\boxed{poet, chemist}", r"\boxed{poet}"]]
+    groups = [[Trajectory(prompt_id=e.id, traj_id=i, parent_id=None, fork_token_index=None, prompt_token_ids=[1],
+                          response_text=text) for i, text in enumerate(texts)] for e, texts in zip(examples, answers)]
+    metrics, records = score_groups(task, examples, groups, 2)
+    assert metrics["pass@1"] == 0.5 and metrics["answer/em/mean"] == 0.5
+    assert metrics["answer/f1/mean"] == pytest.approx((1 + 0 + 2 / 3 + 1) / 4)
+    assert metrics["by_difficulty"]["2"] == {"num_questions": 1, "pass@1": 0.5, "pass@k": 1.0, "tool_calls/mean": 0.0,
+                                             "answer/em/mean": 0.5, "answer/f1/mean": pytest.approx(5 / 6)}
+    assert [r["difficulty"] for r in records] == [1, 2] and records[1]["samples"][0]["scores"]["em"] == 0.0
+
+
+def test_held_out_demonstrations_follow_the_split_universe(tmp_path):
+    write_universe(tmp_path / "pw" / "train")
+    write_universe(tmp_path / "pw" / "test")
+    task = get_task(folder_config(tmp_path))
+    demos = task.demonstrations_for("dev")
+    assert [d.example.id for d in demos] == [e.id for e in task.examples("dev")] and not any(d.has_error for d in demos)
+    text = "".join(piece for piece, _ in demos[1].pieces)
+    assert "<search> Bo Lee</search>" in text and "Page 1: Ann Lee — Ann Lee. son: Bo Lee. occupation: poet." in text
+    assert text.endswith(r"<answer>\boxed{ poet}</answer>")

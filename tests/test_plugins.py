@@ -92,7 +92,7 @@ def test_built_in_entries_declare_what_the_trainer_reads():
     assert [n for n in registry.ADVANTAGE_ESTIMATORS if registry.ADVANTAGE_ESTIMATORS.needs(n, "kl")] == \
         ["reinforce_plus_plus"]
     assert [n for n in registry.REWARDS if registry.REWARDS.capabilities(n)["binary"]] == \
-        ["exact_match", "llm_judge", "math"]
+        ["answer_list_em", "exact_match", "llm_judge", "math"]
     assert [n for n in registry.ENGINES if registry.ENGINES.capabilities(n)["shares_weights"]] == ["hf"]
     assert [n for n in registry.ENGINES if registry.ENGINES.capabilities(n)["syncs_weights"]] == ["vllm"]
     assert registry.ENGINES.capabilities("vllm")["entropies"] == ("surprisal", "top10_proxy")

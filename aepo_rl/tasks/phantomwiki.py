@@ -19,7 +19,6 @@ value), reads each page it needs from the results, and answers with every value 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -39,12 +38,12 @@ from aepo_rl.errors import UserError
 from aepo_rl.rewards import ANSWER_SEP, answer_list_scores, extract_answer, get_reward
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
-from aepo_rl.tasks.synthetic import Solution, _shows_page, _syllable_word, teacher_pieces
+from aepo_rl.tasks.synthetic import Solution, _syllable_word, renamed, teacher_pieces
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
 GENERATOR_VERSION = "1.0.3"
-INSTALL = ("apt-get install swi-prolog-nox; pip install -e '.[phantomwiki]'; "
+INSTALL = ("apt-get install swi-prolog-nox; pip install --prefer-binary -e '.[phantomwiki]'; "
            f"pip install --no-deps --ignore-requires-python phantom-wiki=={GENERATOR_VERSION}")
 """The install line (docs/tasks-and-rewards.md): the package declares Python >= 3.12 but runs on 3.11."""
 DEFAULT_REWARD = "answer_list_f1"
@@ -193,7 +192,7 @@ def generate_universe(cfg: TaskConfig, split: str, cache_dir: str | Path) -> Pat
         except PhantomWikiError as err:
             raise PhantomWikiError(f"the PhantomWiki generator's {split} universe ({' '.join(args)}) is unusable: "
                                    f"{err}. Change the task.phantomwiki_* settings (more or larger family trees, "
-                                   "a question depth of at least 4)") from None
+                                   "a larger question depth)") from None
         try:
             os.rename(staging, folder)
         except OSError:  # another process cached the same universe first
@@ -335,6 +334,11 @@ def follow_chain(chain: Chain, search: Tool, max_searches: int | None = None
 ERROR_KINDS = ("skipped_search", "partial_answer")
 
 
+def invented_name(rng: random.Random) -> str:
+    """A fresh full name of two syllable words (the synthetic world's), for a person of a demonstration."""
+    return f"{_syllable_word(rng)} {_syllable_word(rng)}"
+
+
 # ---------------------------------------------------------------- the task
 
 class PhantomWikiTask:
@@ -425,12 +429,7 @@ class PhantomWikiTask:
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"phantomwiki-teacher-{self.cfg.seed}")
             tools = self.split_tools("train")
-            plans = []
-            for example in self.examples("train"):
-                solution = self.teacher_solution(example, "train", cfg.phantomwiki_max_searches)
-                if solution is not None and answer_list_scores(solution.answer, example.answers)["em"] == 1.0:
-                    plans.append((example, solution))
-            plans = plans[:cfg.num_demonstrations]
+            plans = self._solved("train")[:cfg.num_demonstrations]
             flawed = set(rng.sample(range(len(plans)), round(cfg.teacher_error_rate * len(plans))))
             names = random.Random(f"phantomwiki-renames-{cfg.seed}")
             demos = []
@@ -438,9 +437,27 @@ class PhantomWikiTask:
                 if i in flawed:
                     solution = self._mistake(example, solution, rng)
                 pieces = teacher_pieces(solution, tools, self.tool_format)
-                demos.append(self._renamed(Demonstration(example, pieces, has_error=i in flawed), names))
+                demo = Demonstration(example, pieces, has_error=i in flawed)  # each person renamed throughout
+                demos.append(renamed(demo, self.name_pattern, lambda: invented_name(names), info_keys=()))
             self._demos = demos
         return self._demos
+
+    def demonstrations_for(self, split: str) -> list[Demonstration]:
+        """Error-free teacher trajectories, names as they are, on the questions of ``split`` the teacher
+        answers within ``task.phantomwiki_max_searches`` searches (SFT's held-out loss on dev)."""
+        tools = self.split_tools(split)
+        return [Demonstration(example, teacher_pieces(solution, tools, self.tool_format))
+                for example, solution in self._solved(split)]
+
+    def _solved(self, split: str) -> list[tuple[Example, Solution]]:
+        """The questions of ``split`` the teacher answers right within ``task.phantomwiki_max_searches``, with
+        its solutions."""
+        solved = []
+        for example in self.examples(split):
+            solution = self.teacher_solution(example, split, self.cfg.phantomwiki_max_searches)
+            if solution is not None and answer_list_scores(solution.answer, example.answers)["em"] == 1.0:
+                solved.append((example, solution))
+        return solved
 
     def _mistake(self, example: Example, solution: Solution, rng: random.Random) -> Solution:
         """A wrong version of ``solution``: no search and a guessed answer of the same kind, or (for a list)
@@ -461,19 +478,6 @@ class PhantomWikiTask:
             if answer_list_scores(guess, example.answers)["em"] < 1.0:
                 return Solution([], None, guess)
 
-    def _renamed(self, demo: Demonstration, rng: random.Random) -> Demonstration:
-        """``demo`` with each person's full name replaced by one fresh invented name throughout."""
-        fresh: dict[str, str] = {}
-
-        def rename(text: str) -> str:
-            return self.name_pattern.sub(
-                lambda m: fresh.setdefault(m.group(0), f"{_syllable_word(rng)} {_syllable_word(rng)}"), text)
-
-        ex = demo.example
-        example = dataclasses.replace(ex, question=rename(ex.question), answers=[rename(a) for a in ex.answers],
-                                      messages=[{**m, "content": rename(m["content"])} for m in ex.messages])
-        return Demonstration(example, [(rename(text), trained) for text, trained in demo.pieces], demo.has_error)
-
     @functools.cached_property
     def name_pattern(self) -> re.Pattern:
         """Any person's full name of any split, as whole words."""
@@ -488,5 +492,5 @@ class PhantomWikiTask:
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]
         rng = random.Random(f"phantomwiki-tokenizer-{self.cfg.seed}")
-        return [self.name_pattern.sub(lambda _: f"{_syllable_word(rng)} {_syllable_word(rng)}", text)
+        return [self.name_pattern.sub(lambda _: invented_name(rng), text)
                 for text in [*prompts, *docs, *demos]]

@@ -479,19 +479,26 @@ def name_words(world: World) -> set[str]:
     return {w for name in [*world.people, *world.cities] for w in name.split()} | {name.split()[0] for name in world.orgs}
 
 
-def _renamed(demo: Demonstration, names: re.Pattern, rng: random.Random) -> Demonstration:
-    """``demo`` with each distinct name word replaced by one fresh invented word throughout."""
+def renamed(demo: Demonstration, names: re.Pattern, new_name: Callable[[], str],
+            info_keys: tuple[str, ...] = ("roots", "entities")) -> Demonstration:
+    """``demo`` with each distinct match of ``names`` replaced by one ``new_name()`` throughout: question,
+    messages, answers, pieces and the name lists ``info_keys`` of its ``extra_info``."""
     fresh: dict[str, str] = {}
 
     def rename(text: str) -> str:
-        return names.sub(lambda m: fresh.setdefault(m.group(0), _syllable_word(rng)), text)
+        return names.sub(lambda m: fresh.setdefault(m.group(0), new_name()), text)
 
     ex = demo.example
-    info = {**ex.extra_info, **{key: [rename(name) for name in ex.extra_info[key]] for key in ("roots", "entities")}}
+    info = {**ex.extra_info, **{key: [rename(name) for name in ex.extra_info[key]] for key in info_keys}}
     example = dataclasses.replace(ex, question=rename(ex.question), answers=[rename(a) for a in ex.answers],
                                   messages=[{**m, "content": rename(m["content"])} for m in ex.messages],
                                   extra_info=info)
     return Demonstration(example, [(rename(text), trained) for text, trained in demo.pieces], demo.has_error)
+
+
+def _renamed(demo: Demonstration, names: re.Pattern, rng: random.Random) -> Demonstration:
+    """``demo`` with each distinct name word replaced by one fresh invented word throughout."""
+    return renamed(demo, names, lambda: _syllable_word(rng))
 
 
 # ---------------------------------------------------------------- the task
