@@ -1,5 +1,5 @@
 """The PhantomWiki recipe's seed record: `aepo train task.name=phantomwiki` from an empty cache per seed, then the
-RL model on its training universe's questions; a table against issue 38's targets, with F1 by difficulty.
+RL model on its training universe's questions; a table against the task's targets, with F1 by difficulty.
 
     python benchmarks/record_phantomwiki.py --out DIR [--seeds 0,1,2,3,4] [KEY=VALUE ...]
 
