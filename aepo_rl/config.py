@@ -417,6 +417,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "aepo_no_entropy_adv": {"algorithm.entropy_adv_coef": 0.0},  # §2.2: Ã = A
 }
 
+# Task defaults: what a task needs from the rest of the config (lengths, SFT, RL budget), applied by
+# load_config when task.name names the task, to every key the preset, the YAML file and the overrides leave
+# unset; algorithm keys stay the presets' own, so every preset (and `aepo compare`) runs on the task.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    # docs/tasks-and-rewards.md "PhantomWiki: the recipe"; measured in docs/results.md.
+    "phantomwiki": {
+        "task.search_max_chars": 600, "rollout.max_tool_response_tokens": 192,
+        "rollout.max_response_length": 768, "sft.max_length": 1024,
+    },
+}
+
 
 TRL_ALIASES: dict[str, str] = {
     "learning_rate": "trainer.lr", "num_generations": "rollout.n", "max_steps": "trainer.steps",
@@ -794,12 +805,21 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _dotted(key: str, value: Any) -> list[str]:
+    """The dotted keys a YAML entry sets (a section's mapping stands for each of its keys)."""
+    if isinstance(value, dict):
+        return [k for sub, v in value.items() for k in _dotted(f"{key}.{sub}", v)]
+    return [key]
+
+
 def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
                 overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Build a config: preset defaults, then a YAML file, then dotted overrides; validated."""
+    """Build a config: preset defaults, then a YAML file, then dotted overrides, then the task's defaults
+    (``TASK_DEFAULTS[task.name]``) for every key none of those set; validated."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset '{preset}'{_closest(preset, list(PRESETS))} (presets: {', '.join(PRESETS)})")
     cfg = Config(preset=preset)
+    explicit = set(PRESETS[preset])  # keys the task defaults leave alone (sections stand for their keys)
     for key, value in PRESETS[preset].items():
         set_key(cfg, key, value)
     data: dict = {}
@@ -820,10 +840,15 @@ def load_config(preset: str = "aepo", yaml_path: str | Path | None = None,
             if key == "preset":
                 continue
             set_key(cfg, key, value)
+            explicit.update(_dotted(key, value))
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
         set_key(cfg, key, value)
+        explicit.add(key)
+    for key, value in TASK_DEFAULTS.get(cfg.task.name, {}).items():
+        if not any(key == set_ or key.startswith(f"{set_}.") for set_ in explicit):
+            set_key(cfg, key, value)
     in_yaml = "trainer.mini_batch_size" in data or "mini_batch_size" in (data.get("trainer") or {})
     carry_mini_batch(cfg, in_yaml or "trainer.mini_batch_size" in (overrides or {}))
     return validate(cfg)

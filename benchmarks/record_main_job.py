@@ -39,14 +39,15 @@ STAGE_NAMES = ("task+model+SFT", "SFT eval", "RL+eval")
 STAGES = re.compile(r"done in (\d+) s \(([^)]*)\)")
 
 
-def run_child(args: list[str], env: dict[str, str], log: Path) -> tuple[float, float, int]:
-    """Run ``python -m aepo_rl ARGS`` with its output in ``log``: (wall seconds, peak RSS in GB, exit code)."""
+def run_child(args: list[str], env: dict[str, str], log: Path) -> tuple[float, float, int, float]:
+    """Run ``python -m aepo_rl ARGS`` with its output in ``log``: (wall seconds, peak RSS in GB, exit code, CPU
+    seconds: user + system)."""
     with open(log, "w") as out:
         t0 = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-m", "aepo_rl", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - t0
-    return wall, usage.ru_maxrss / 1024 ** 2, os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 1024 ** 2, os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
 
 
 def stage_seconds(log_text: str) -> dict[str, float]:
@@ -73,12 +74,12 @@ def record_seed(seed: int, out: Path, env: dict[str, str], unseen_seed: int, ove
              *overrides]
     if run_dir.exists():  # an interrupted earlier attempt: its time is not a record, start again from scratch
         raise SystemExit(f"{run_dir} exists without a record: remove it and {out / f'cache-{seed}'}, then rerun")
-    wall, rss, code = run_child(train, env, logs / f"train-seed{seed}.log")
+    wall, rss, code, _ = run_child(train, env, logs / f"train-seed{seed}.log")
     if code:
         raise SystemExit(f"seed {seed}: aepo train exited {code}; see {logs / f'train-seed{seed}.log'}")
     results = json.loads((run_dir / "eval.json").read_text())
     unseen_file = run_dir / "unseen.json"
-    _, _, code = run_child(["eval", "--model", str(last_model(run_dir)), "--out", str(unseen_file),
+    *_, code, _ = run_child(["eval", "--model", str(last_model(run_dir)), "--out", str(unseen_file),
                             f"task.seed={unseen_seed}", *overrides], env, logs / f"unseen-seed{seed}.log")
     if code:
         raise SystemExit(f"seed {seed}: aepo eval exited {code}; see {logs / f'unseen-seed{seed}.log'}")
