@@ -54,7 +54,8 @@ def test_tiny_build_writes_the_induction_circuit_and_warms_up_from_it(tmp_path, 
              "model.tiny_num_kv_heads": 2, "model.tiny_copy_steps": 3}
     model, _ = load_policy(tiny_cfg(tmp_path, **sizes), TextTask())
     with torch.no_grad():  # the circuit's logit scale and copy write, moved by at most 3 AdamW steps
-        assert torch.allclose(model.model.norm.weight, torch.full((64,), copy_warmup.LOGIT_SCALE), atol=0.02)
+        assert torch.allclose(model.model.norm.weight, torch.full((64,), copy_warmup.LOGIT_SCALE * copy_warmup.REFERENCE_WIDTH / 64),
+                              atol=0.02)
         write = model.model.layers[1].self_attn.o_proj.weight[:32, :32].diagonal()
         assert torch.allclose(write, torch.full((32,), copy_warmup.COPY_WRITE), atol=0.02)
     (args, kwargs), = calls

@@ -223,7 +223,8 @@ def test_objective_gradient_matches_a_finite_difference(tiny_tokenizer):
 
     cfg = load_config("aepo")
     model = build_tiny_model(tiny_tokenizer, seed=2).double()
-    trajs = [Trajectory("p", i, None, None, [3, 4, 5], [7 + i, 8, 9, 10 + i], [1, 1, 0, 1]) for i in range(3)]
+    trajs = [Trajectory("p", i, None, None, [3, 4, 5], [7 + i, 8, 9, 10 + i], [1, 1, 0, 1], [-1.0] * 4)
+             for i in range(3)]
     batch = collate(trajs, [0, 0, 0], tiny_tokenizer.pad_token_id)
     rows = torch.arange(3)
     old, ent = batched_logprobs(model, batch, rows, 2, False)
