@@ -13,14 +13,14 @@
 #   examples/study/run.sh replicate-tables  the replication's tables and the same verdict code, labelled exploratory
 #   examples/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)
 #
-# Variables: SRC (the frozen checkout the study runs, default /work/study/src), STUDY (its output folder,
-# default /work/study), PYTHON (default python), POLL (default 20 s). Every process runs one thread.
+# Variables: SRC (the frozen checkout the study runs) and STUDY (its output folder), both required; PYTHON
+# (default python), POLL (default 20 s). Every process runs one thread.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-SRC=$(cd "${SRC:-/work/study/src}" && pwd)
-STUDY=${STUDY:-/work/study}
+SRC=$(cd "${SRC:?set SRC to the frozen checkout the study runs}" && pwd)
+STUDY=${STUDY:?set STUDY to the study output folder}
 PYTHON=${PYTHON:-python}
 POLL=${POLL:-20}  # seconds between checks of the other worker's marker
 mkdir -p "$STUDY/logs"
