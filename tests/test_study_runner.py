@@ -107,7 +107,8 @@ def test_tables_write_the_verdicts_and_the_figures(study):
 
 
 def _has(commit: str, path: str) -> bool:
-    return subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{path}"], capture_output=True).returncode == 0
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{path}"], capture_output=True)
+    return found.returncode == 0
 
 
 @pytest.mark.parametrize("commit, path", [("f3bea550996525b2620a9281e947afcd2afe9633", "docs/preregistration.md"),

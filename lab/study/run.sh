@@ -8,7 +8,7 @@
 #   lab/study/run.sh phase2            grpo, arpo, aepo x 8 seeds (two processes side by side)
 #   lab/study/run.sh phase3            gppo, aepo_no_sg_clip, aepo_no_branch_penalty, arpo_random x 5
 #   lab/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo),
-#                                           then every hypothesis's verdict (study_rules.py verdicts)
+#                                      then every hypothesis's verdict (study_rules.py verdicts)
 #   lab/study/run.sh replicate         exploratory: grpo, arpo, aepo x 4 seeds in a second world (task seed 1)
 #   lab/study/run.sh replicate-tables  the replication's tables and the same verdict code, labelled exploratory
 #   lab/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)

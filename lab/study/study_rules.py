@@ -23,7 +23,8 @@ CALIBRATION = {"steps": 20, "clip_window": (6, 20), "clip_min": 0.01, "clip_max"
 """lab/study/preregistration.md, mean actor/pg_clipfrac over steps 6–20 in [0.01, 0.10]; no skipped non-finite step;
 mean critic/score/mean (the step's mean trajectory score) of steps 16–20 ≥ that of steps 1–5."""
 PRESERVED_MIN = 0.005
-"""lab/study/preregistration.md, AEPO at the chosen setting keeps a gradient on ≥ 0.5% of tokens (actor/grad_preserved_frac)."""
+"""lab/study/preregistration.md, AEPO at the chosen setting keeps a gradient on ≥ 0.5% of tokens
+(actor/grad_preserved_frac)."""
 SCORE = "critic/score/mean"
 
 
