@@ -342,7 +342,7 @@ def sleeping_openmp_threads() -> None:
     By default torch's CPU threads spin between parallel regions. On a machine that other jobs share,
     the spinning threads take turns on the cores away from the threads with work, and a run slows far
     more than its share of the machine would explain; sleeping threads cost a little on a quiet machine
-    (measured in docs/results.md, explained in docs/training.md#cpu-threads-on-a-shared-machine). Only
+    (measured in lab/notebook.md, explained in docs/training.md#cpu-threads-on-a-shared-machine). Only
     takes effect before torch is imported, which the command line defers until after this call. The
     numbers a run computes do not change.
     """

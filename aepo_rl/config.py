@@ -63,7 +63,7 @@ class ModelConfig:
                                                "memory for more compute; training forwards then run every row whole, "
                                                "without the shared prefix (docs/gpu.md).")
     tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
-    tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 here, see docs/results.md).", ge=1)
+    tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 here, see lab/notebook.md).", ge=1)
     tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)
     tiny_num_heads: int = knob(4, "Tiny model: attention heads.", ge=1)
     tiny_num_kv_heads: int = knob(4, "Tiny model: key/value heads (GQA).", ge=1)
@@ -77,7 +77,7 @@ class ModelConfig:
                           choices=("induction", "random"))
     tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random token sequences, which "
                                       "stops once the model copies 90% of the repeated tokens; part of the cached build "
-                                      "(stands in for pretraining; 0 skips it; 4000 here, see docs/results.md).", ge=0)
+                                      "(stands in for pretraining; 0 skips it; 4000 here, see lab/notebook.md).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
     lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -93,9 +93,9 @@ class TaskConfig:
     num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
     num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
     min_hops: int = knob(1, "Synthetic: fewest searches a question needs; each question's hop level is drawn uniformly from the levels min_hops..max_hops its kind has (arithmetic questions need 1-2).", ge=1, le=3)
-    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see docs/results.md).", ge=1, le=3)
+    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see lab/notebook.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.5, "Synthetic and phantomwiki: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see docs/results.md).", ge=0, le=1)
+    teacher_error_rate: float = knob(0.5, "Synthetic and phantomwiki: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see lab/notebook.md).", ge=0, le=1)
     num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT (phantomwiki: at most this many).", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
@@ -158,7 +158,7 @@ class RolloutConfig:
     entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
     restarts: bool = knob(True, "Start a fresh trajectory, one at a time, when a prompt has none active and fewer than n (§1.5); false starts all missing ones at once.")
     temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release: 1.0; 0.9 here for the tiny "
-                                   "model, see docs/results.md).", gt=0)
+                                   "model, see lab/notebook.md).", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
     top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
     min_p: float = knob(0.0, "Min-p sampling: keep tokens whose tempered probability is at least min_p times the most "
@@ -293,9 +293,9 @@ class AlgorithmConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for the tiny model, see docs/results.md).", ge=0)
-    lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 here for the tiny model, see docs/results.md).", gt=0)
-    batch_size: int = knob(32, "Sequences per optimizer step (32 here for the tiny model, see docs/results.md).", ge=1)
+    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for the tiny model, see lab/notebook.md).", ge=0)
+    lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 here for the tiny model, see lab/notebook.md).", gt=0)
+    batch_size: int = knob(32, "Sequences per optimizer step (32 here for the tiny model, see lab/notebook.md).", ge=1)
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
     max_length: int = knob(512, "Demonstrations are truncated to this many tokens.", ge=8)
@@ -421,7 +421,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # load_config when task.name names the task, to every key the preset, the YAML file and the overrides leave
 # unset; algorithm keys stay the presets' own, so every preset (and `aepo compare`) runs on the task.
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # docs/tasks-and-rewards.md "PhantomWiki: the recipe"; measured in docs/results.md.
+    # docs/tasks-and-rewards.md "PhantomWiki: the recipe"; measured in lab/notebook.md.
     "phantomwiki": {
         "task.search_max_chars": 600, "rollout.max_tool_response_tokens": 192,
         "rollout.max_response_length": 768, "sft.max_length": 1024,

@@ -32,7 +32,7 @@ def _cell(text: str) -> str:
     """A table cell: pipes escaped, and angle brackets outside code spans (``<gen>``) shown as text."""
     pieces = text.replace("|", "\\|").replace("\n", " ").split("`")
     pieces[::2] = [piece.replace("<", "&lt;").replace(">", "&gt;") for piece in pieces[::2]]
-    return "`".join(pieces).replace("docs/results.md", "[results](results.md)")
+    return "`".join(pieces).replace("lab/notebook.md", "[notebook](../lab/notebook.md)")
 
 
 def _allowed(row: FieldInfo) -> str:

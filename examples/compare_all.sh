@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comparison of docs/results.md: every preset and the paper's ablations on the synthetic task,
+# The comparison of lab/notebook.md: every preset and the paper's ablations on the synthetic task,
 # from one shared SFT model, 5 seeds for grpo/arpo/aepo and 3 for the rest, 80 RL steps each
 # (45 runs; hours of 2-core compute). Interrupted? Run it again: finished runs are kept and the
 # run in flight resumes from its checkpoint. Add --table-only to tabulate what has finished.

@@ -8,7 +8,8 @@ import math
 import pytest
 import yaml
 
-import aepo_rl.compare
+import aepo_rl.compare.plots
+import aepo_rl.compare.runner
 from aepo_rl.compare import (Arm, arm_configs, compare_main, mean_ci95, parse_arm, preset_configs, student_t_critical,
                              user_overrides, windowed_drift)
 from aepo_rl.config import ConfigError, from_dict, load_config
@@ -154,9 +155,9 @@ def fake_pipeline(monkeypatch):
         calls["eval"].append((cfg, model_dir, task.name))
         return {f"{task.name}/{cfg.eval.split}": SFT_EVAL}
 
-    monkeypatch.setattr(aepo_rl.compare, "run_sft_stage", run_sft_stage)
-    monkeypatch.setattr(aepo_rl.compare, "evaluate_model", evaluate_model)
-    monkeypatch.setattr(aepo_rl.compare, "run_rl_stage", run_rl_stage)
+    monkeypatch.setattr(aepo_rl.compare.runner, "run_sft_stage", run_sft_stage)
+    monkeypatch.setattr(aepo_rl.compare.runner, "evaluate_model", evaluate_model)
+    monkeypatch.setattr(aepo_rl.compare.runner, "run_rl_stage", run_rl_stage)
     return calls
 
 
@@ -372,7 +373,7 @@ def test_the_paired_tables_cover_every_table_of_columns():
 
 def test_preset_mean_plots_average_the_seeds(fake_pipeline, tmp_path, monkeypatch):
     drawn = {}
-    monkeypatch.setattr(aepo_rl.compare, "plot_records", lambda curves, out: drawn.update(curves))
+    monkeypatch.setattr(aepo_rl.compare.plots, "plot_records", lambda curves, out: drawn.update(curves))
     compare_main(load_config(), ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path), reference="grpo")
     assert list(drawn) == ["grpo (n=3)", "aepo (n=3)"]
     grpo = {r["step"]: r for r in drawn["grpo (n=3)"]}

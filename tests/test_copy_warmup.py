@@ -129,7 +129,7 @@ def test_the_circuit_spreads_over_heads_when_a_head_is_narrower_than_half_the_st
 def test_the_warm_up_keeps_the_circuit_at_twice_the_default_width(tiny_tokenizer):
     """At 256 wide (4 heads of 64) the warm-up's first steps leave the circuit copying. With the default width's
     logit scale (the final norm's weight not scaled by 128/width) they took it apart (0.93 → 0.02 after 25 steps
-    at 256 wide; docs/results.md)."""
+    at 256 wide; lab/notebook.md)."""
     model = _copy_model(tiny_tokenizer, seed=2, hidden=256, head_dim=64, heads=4, kv_heads=4)
     induction_circuit(model, seed=2)
     assert model.model.norm.weight[0].item() == pytest.approx(0.1)  # LOGIT_SCALE · 128 / 256

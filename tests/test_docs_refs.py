@@ -24,17 +24,20 @@ MD_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"
 
 
 def scanned_files() -> list[Path]:
-    """Code, tests, benchmarks, the README and the docs pages: every place a reader meets a reference."""
+    """Code, tests, benchmarks, examples, the lab, the README and the docs pages: every place a reader meets a
+    reference."""
     files = [ROOT / "README.md"] if (ROOT / "README.md").exists() else []
     files += sorted((ROOT / "docs").glob("*.md"))
-    for folder in ("aepo_rl", "tests", "benchmarks"):
+    for folder in ("aepo_rl", "tests", "benchmarks", "examples", "lab"):
         files += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
                         and "__pycache__" not in p.parts)
     return files
 
 
 def markdown_files() -> list[Path]:
-    return ([ROOT / "README.md"] if (ROOT / "README.md").exists() else []) + sorted((ROOT / "docs").glob("*.md"))
+    """The README, the docs pages and every Markdown file of examples/ and lab/ (the notebook links into docs/)."""
+    return ([ROOT / "README.md"] if (ROOT / "README.md").exists() else []) + sorted((ROOT / "docs").glob("*.md")) + [
+        p for folder in ("examples", "lab") for p in sorted((ROOT / folder).rglob("*.md"))]
 
 
 def read(path: Path) -> str:

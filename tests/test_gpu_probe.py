@@ -1,4 +1,4 @@
-"""scripts/gpu_probe.py, the memory probe of docs/gpu.md, run dry on the CPU with a small registered shape."""
+"""lab/gpu/gpu_probe.py, the memory probe of docs/gpu.md, run dry on the CPU with a small registered shape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_probe.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "lab" / "gpu" / "gpu_probe.py"
 
 
 @pytest.fixture(scope="module")

@@ -102,7 +102,7 @@ def test_the_recipes_lengths_hold_the_pages_and_every_demonstration(tmp_path):
 
 # ---------------------------------------------------------------- the seed record's table
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "lab" / "recorders"))
 
 
 def test_the_seed_records_table_checks_each_target_and_gives_intervals_by_difficulty(tmp_path):

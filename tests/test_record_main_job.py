@@ -1,4 +1,4 @@
-"""benchmarks/record_main_job.py: the main job per seed from an empty cache, the unseen-world evaluation, a
+"""lab/recorders/record_main_job.py: the main job per seed from an empty cache, the unseen-world evaluation, a
 resumable record and its table against the targets (a tiny job here, so the targets' verdicts are arbitrary)."""
 
 import importlib.util
@@ -10,9 +10,9 @@ import pytest
 
 from test_pipeline import TINY_PIPELINE
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-SPEC = importlib.util.spec_from_file_location("record_main_job", BENCH / "record_main_job.py")
+RECORDERS = Path(__file__).parents[1] / "lab" / "recorders"
+sys.path.insert(0, str(RECORDERS))
+SPEC = importlib.util.spec_from_file_location("record_main_job", RECORDERS / "record_main_job.py")
 record_main_job = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(record_main_job)
 

@@ -1,4 +1,4 @@
-"""examples/study/figures.py draws the study's three figures from an `aepo compare` folder, every run of it."""
+"""lab/study/figures.py draws the study's three figures from an `aepo compare` folder, every run of it."""
 
 import importlib.util
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("study_figures", Path(__file__).parents[1] / "examples" / "study" / "figures.py")
+SPEC = importlib.util.spec_from_file_location("study_figures", Path(__file__).parents[1] / "lab" / "study" / "figures.py")
 figures = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(figures)
 

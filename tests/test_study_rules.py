@@ -1,5 +1,5 @@
-"""examples/study/study_rules.py: the study's gate, calibration rule and AEPO mechanism check decide as
-docs/preregistration.md states, on metrics written the way the trainer and `aepo eval` write them."""
+"""lab/study/study_rules.py: the study's gate, calibration rule and AEPO mechanism check decide as
+lab/study/preregistration.md states, on metrics written the way the trainer and `aepo eval` write them."""
 
 import importlib.util
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("study_rules", Path(__file__).parents[1] / "examples" / "study" / "study_rules.py")
+SPEC = importlib.util.spec_from_file_location("study_rules", Path(__file__).parents[1] / "lab" / "study" / "study_rules.py")
 rules = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(rules)
 

@@ -1,4 +1,4 @@
-"""examples/study/run.sh issues the commands docs/preregistration.md writes out (phases 2-3, the tables) and
+"""lab/study/run.sh issues the commands lab/study/preregistration.md writes out (phases 2-3, the tables) and
 the exploratory replication's, on a frozen checkout, with `python -m aepo_rl` replaced by a recorder."""
 
 import importlib.util
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-RUNNER = ROOT / "examples" / "study" / "run.sh"
+RUNNER = ROOT / "lab" / "study" / "run.sh"
 OPTIMIZER = "trainer.mini_batch_size=1 trainer.ppo_epochs=2 trainer.lr=3e-4"
 
 
@@ -104,3 +104,28 @@ def test_tables_write_the_verdicts_and_the_figures(study):
     assert verdicts[0]["claim"] == "H1" and verdicts[0]["n"] == 2
     assert sorted(p.name for p in (study["out"] / "replicate" / "plots").iterdir()) == [
         "replicate_branches.png", "replicate_curves.png", "replicate_hops.png"]
+
+
+def _has(commit: str, path: str) -> bool:
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{path}"], capture_output=True)
+    return found.returncode == 0
+
+
+@pytest.mark.parametrize("commit, path", [("f3bea550996525b2620a9281e947afcd2afe9633", "docs/preregistration.md"),
+                                          ("HEAD", "lab/study/preregistration.md")])
+def test_register_finds_the_preregistration_before_and_after_it_moved_to_the_lab(study, commit, path):
+    if not _has(commit, path):
+        pytest.skip(f"this clone has no {commit}:{path} (a shallow clone)")
+    (study["out"] / "preregistration.txt").unlink()
+    result = run(study, "register", commit)
+    assert result.returncode == 0, result.stderr
+    full = subprocess.run(["git", "-C", str(ROOT), "rev-parse", commit], capture_output=True, text=True).stdout.strip()
+    assert (study["out"] / "preregistration.txt").read_text().strip() == full
+
+
+def test_register_refuses_a_commit_without_the_preregistration(study):
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                           text=True).stdout.split()[0]
+    (study["out"] / "preregistration.txt").unlink()
+    result = run(study, "register", first)
+    assert result.returncode != 0 and "has no lab/study/preregistration.md" in result.stderr

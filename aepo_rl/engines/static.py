@@ -68,7 +68,7 @@ def decode_path(setting: str, device: torch.device, attention: str) -> DecodePat
 
     auto: on CUDA the static step captured as graphs; on the CPU the dynamic path (the static
     path is as fast there, but its log-probs differ in the last bits, and every CPU run in
-    docs/results.md decoded on the dynamic path: docs/benchmarks.md); with an attention implementation
+    lab/notebook.md decoded on the dynamic path: docs/benchmarks.md); with an attention implementation
     that does not take a 4-D mask (flash), the dynamic path.
     on: the static path (graphs on CUDA, eager elsewhere); off: the dynamic path.
     """

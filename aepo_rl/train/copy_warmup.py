@@ -6,14 +6,14 @@ for it to learn within the CPU budget. Sequences ``x x`` of random non-special t
 the next-token loss on every position, make the copy circuit form in a phase change (as for
 induction heads in small transformers) whose step varies with the initialisation; the skill then
 carries over to copying entity names and values in the task. Measurements (steps per seed,
-transfer, settings that form it faster but transfer worse) are in docs/results.md.
+transfer, settings that form it faster but transfer worse) are in lab/notebook.md.
 Part of the cached tiny-model build (§5's pipeline starts from a pretrained model; this stands
 in for pretraining).
 
 :func:`induction_circuit` writes that circuit into the freshly initialised weights instead (the
 default, ``model.tiny_init=induction``): the model copies from step 0, and the warm-up takes its
 ``CIRCUIT_STEPS`` steps to calibrate the rest, where a random start waits, for a number of steps
-that varies with the seed, for the phase change (measured in docs/results.md).
+that varies with the seed, for the phase change (measured in lab/notebook.md).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ CIRCUIT_STEPS = 300
 """Sequences per step, AdamW learning rate, the range of the repeated half's length, the copy
 accuracy at which the warm-up stops (the steps it takes vary with the initialisation), and the
 steps it takes at least from the induction circuit (which copies from the start but predicts the
-rest with uncalibrated confidence: the task's SFT then learns badly, docs/results.md)."""
+rest with uncalibrated confidence: the task's SFT then learns badly, lab/notebook.md)."""
 
 
 def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +157,10 @@ def induction_circuit(model, seed: int = 0) -> None:
     them), so nothing else writes into the stream until training moves them; their other weights
     keep their random initialisation. The embeddings have unit scale (as nanochat's), not the
     initializer's 0.02: AdamW moves every weight by about its learning rate per step, which at 0.02
-    takes the circuit apart (docs/results.md); at unit scale training sharpens it instead. A token's
+    takes the circuit apart (lab/notebook.md); at unit scale training sharpens it instead. A token's
     logit against its own embedding grows with the width (its squared norm), so the final norm's
     weight is ``LOGIT_SCALE`` × ``REFERENCE_WIDTH`` / width: at 256 wide the default's scale made the
-    first warm-up steps take the circuit apart (copy accuracy 0.93 → 0.02, docs/results.md).
+    first warm-up steps take the circuit apart (copy accuracy 0.93 → 0.02, lab/notebook.md).
     """
     core, config = model.model, model.config
     width, head_dim = config.hidden_size, config.head_dim

@@ -20,8 +20,8 @@ Each part prints one JSON line (also appended to ``--out``); a part that fails o
 records its error and the next one runs. On the CPU (``--device cpu``, vLLM's CPU build) it is a dry
 run: sleep is a no-op there.
 
-    python3 scripts/gpu_vllm_probe.py --out probe.jsonl           # on the GPU machine
-    python3 scripts/gpu_vllm_probe.py --device cpu --shape tiny --dtype float32 --rows 4 --new-tokens 8 --out p.jsonl
+    python3 lab/gpu/gpu_vllm_probe.py --out probe.jsonl           # on the GPU machine
+    python3 lab/gpu/gpu_vllm_probe.py --device cpu --shape tiny --dtype float32 --rows 4 --new-tokens 8 --out p.jsonl
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--out", default="vllm_probe.jsonl")
     parser.add_argument("--stand-in", action="store_true", help="the HF engine in place of vLLM (a dry run without vLLM)")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_static_decode import two_rounds
 
     from aepo_rl.config import ModelConfig

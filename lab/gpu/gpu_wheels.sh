@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Fill .whl/ with the wheels scripts/gpu_check.sh installs on a GPU machine whose image has torch,
+# Fill .whl/ with the wheels lab/gpu/gpu_check.sh installs on a GPU machine whose image has torch,
 # transformers, numpy, scipy, PyYAML, rich, httpx, matplotlib, pyarrow, tensorboard, peft and pytest
 # but none of the packages below, and no network. Runs where pip reaches PyPI; the wheels are for
 # CPython 3.12 on x86-64 Linux. .whl/ is ignored by git (.git/info/exclude or .gitignore).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rm -rf .whl && mkdir -p .whl
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do

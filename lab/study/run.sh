@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The pre-registered multi-hop study (docs/preregistration.md, examples/study/README.md): one command per
+# The pre-registered multi-hop study (lab/study/preregistration.md, lab/study/README.md): one command per
 # phase, each resumable (run the same command again to continue an interrupted phase).
 #
-#   examples/study/run.sh phase0            SFT model with the gate's settings, K = 8 evaluation, gate.json
-#   examples/study/run.sh phase1            optimizer calibration on GRPO (seed 100), AEPO mechanism check
-#   examples/study/run.sh register COMMIT   record the commit of docs/preregistration.md (phases 2-3 need it)
-#   examples/study/run.sh phase2            grpo, arpo, aepo x 8 seeds (two processes side by side)
-#   examples/study/run.sh phase3            gppo, aepo_no_sg_clip, aepo_no_branch_penalty, arpo_random x 5
-#   examples/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo),
-#                                           then every hypothesis's verdict (study_rules.py verdicts)
-#   examples/study/run.sh replicate         exploratory: grpo, arpo, aepo x 4 seeds in a second world (task seed 1)
-#   examples/study/run.sh replicate-tables  the replication's tables and the same verdict code, labelled exploratory
-#   examples/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)
+#   lab/study/run.sh phase0            SFT model with the gate's settings, K = 8 evaluation, gate.json
+#   lab/study/run.sh phase1            optimizer calibration on GRPO (seed 100), AEPO mechanism check
+#   lab/study/run.sh register COMMIT   record the commit of lab/study/preregistration.md (phases 2-3 need it)
+#   lab/study/run.sh phase2            grpo, arpo, aepo x 8 seeds (two processes side by side)
+#   lab/study/run.sh phase3            gppo, aepo_no_sg_clip, aepo_no_branch_penalty, arpo_random x 5
+#   lab/study/run.sh tables            `aepo compare --table-only` over every arm (references aepo, arpo, grpo),
+#                                      then every hypothesis's verdict (study_rules.py verdicts)
+#   lab/study/run.sh replicate         exploratory: grpo, arpo, aepo x 4 seeds in a second world (task seed 1)
+#   lab/study/run.sh replicate-tables  the replication's tables and the same verdict code, labelled exploratory
+#   lab/study/run.sh stop              SIGTERM to this study's running aepo processes (each saves its step)
 #
 # Variables: SRC (the frozen checkout the study runs) and STUDY (its output folder), both required; PYTHON
 # (default python), POLL (default 20 s). Every process runs one thread.
@@ -27,13 +27,13 @@ mkdir -p "$STUDY/logs"
 STUDY=$(cd "$STUDY" && pwd)
 export PYTHONPATH="$SRC" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# The task and model of the gate's configuration G4 (docs/preregistration.md, "Deviations"): 3 hops, a
+# The task and model of the gate's configuration G4 (lab/study/preregistration.md, "Deviations"): 3 hops, a
 # 384-token response budget, 3-layer tiny model, teacher errors in a quarter of the demonstrations.
 TASK="task.max_hops=3 rollout.max_response_length=384 sft.max_length=768 model.tiny_num_layers=3 task.teacher_error_rate=0.25"
 SFT_MODEL="$STUDY/phase0/checkpoints/sft"
 # Every RL run: the phase-0 model, no further SFT, batch 8 prompts x n = 8, sampling temperature 0.9.
 RL="$TASK model.path=$SFT_MODEL sft.epochs=0 trainer.batch_size=8 rollout.n=8 rollout.temperature=0.9"
-# Phase-1 candidates, in the order they are tried (docs/preregistration.md): 8 optimizer steps per RL step each.
+# Phase-1 candidates, in the order they are tried (lab/study/preregistration.md): 8 optimizer steps per RL step each.
 CANDIDATES=(
   "C1:trainer.mini_batch_size=1 trainer.ppo_epochs=1 trainer.lr=1e-4"
   "C2:trainer.mini_batch_size=1 trainer.ppo_epochs=1 trainer.lr=5e-5"
@@ -54,7 +54,7 @@ STEPS=100
 COMPARE="$STUDY/compare"
 PHASE2_ARMS="grpo:8,arpo:8,aepo:8"
 PHASE3_ARMS="gppo:5,aepo_no_sg_clip:5,aepo_no_branch_penalty:5,arpo_random:5"
-# The exploratory replication (docs/preregistration.md, section 6): the same runs in a second world.
+# The exploratory replication (lab/study/preregistration.md, section 6): the same runs in a second world.
 REPLICATE="$STUDY/replicate"
 REPLICATE_WORLD="task.seed=1"
 REPLICATE_ARMS="grpo:4,arpo:4,aepo:4"
@@ -156,9 +156,12 @@ PY
   say "phase 1 done: $chosen ($settings), $dir/decision.json"
 }
 
-register() {  # register COMMIT: the commit holding docs/preregistration.md, before any phase-2 run
+register() {  # register COMMIT: the commit holding the pre-registration, before any phase-2 run
   local commit; commit=$(git -C "$REPO" rev-parse --verify "${1:?usage: run.sh register COMMIT}^{commit}")
-  git -C "$REPO" cat-file -e "$commit:docs/preregistration.md" 2>/dev/null || die "$commit has no docs/preregistration.md"
+  # the file moved from docs/ to lab/study/ after the study was registered: either place counts
+  git -C "$REPO" cat-file -e "$commit:lab/study/preregistration.md" 2>/dev/null ||
+    git -C "$REPO" cat-file -e "$commit:docs/preregistration.md" 2>/dev/null ||
+    die "$commit has no lab/study/preregistration.md (nor docs/preregistration.md, its place before the lab)"
   [[ ! -f $STUDY/preregistration.txt ]] || [[ $(cat "$STUDY/preregistration.txt") == "$commit" ]] ||
     die "already registered at $(cat "$STUDY/preregistration.txt")"
   echo "$commit" > "$STUDY/preregistration.txt"
@@ -221,7 +224,7 @@ needs_registration() {
 }
 
 tables() {  # tables OUT ARMS LOG PREFIX: every arm, paired against aepo (H1, E, C, B, T2, X), arpo (G) and grpo
-  # (H2, gppo); aepo last; then the verdicts and the figures (examples/study/figures.py: OUT/plots/PREFIX_*.png)
+  # (H2, gppo); aepo last; then the verdicts and the figures (lab/study/figures.py: OUT/plots/PREFIX_*.png)
   local out=$1 arms=$2 log="$STUDY/logs/$3.log" prefix=$4 ref
   local dir="$out/tables"
   mkdir -p "$dir"

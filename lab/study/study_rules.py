@@ -1,4 +1,4 @@
-"""The study's mechanical rules (docs/preregistration.md): the phase-0 gate, the phase-1 calibration rule
+"""The study's mechanical rules (lab/study/preregistration.md): the phase-0 gate, the phase-1 calibration rule
 and the AEPO mechanism check, applied to the files the frozen commit writes. No rule reads an ARPO or AEPO
 score: ``preserved`` reads only ``actor/grad_preserved_frac`` of the AEPO run's metrics.jsonl.
 
@@ -16,14 +16,15 @@ import sys
 from pathlib import Path
 
 GATE = {"pass@1_min": 0.15, "pass@1_max": 0.60, "gap_min": 0.08, "top_hop_pass@1_min": 0.05, "calls_min": 1.8}
-"""docs/preregistration.md, test pass@1 in [0.15, 0.60], pass@k − pass@1 ≥ 0.08, pass@1 ≥ 0.05 on the hardest
+"""lab/study/preregistration.md, test pass@1 in [0.15, 0.60], pass@k − pass@1 ≥ 0.08, pass@1 ≥ 0.05 on the hardest
 hop level, ≥ 1.8 tool calls per answer."""
 CALIBRATION = {"steps": 20, "clip_window": (6, 20), "clip_min": 0.01, "clip_max": 0.10,
                "early": (1, 5), "late": (16, 20)}
-"""docs/preregistration.md, mean actor/pg_clipfrac over steps 6–20 in [0.01, 0.10]; no skipped non-finite step;
+"""lab/study/preregistration.md, mean actor/pg_clipfrac over steps 6–20 in [0.01, 0.10]; no skipped non-finite step;
 mean critic/score/mean (the step's mean trajectory score) of steps 16–20 ≥ that of steps 1–5."""
 PRESERVED_MIN = 0.005
-"""docs/preregistration.md, AEPO at the chosen setting keeps a gradient on ≥ 0.5% of tokens (actor/grad_preserved_frac)."""
+"""lab/study/preregistration.md, AEPO at the chosen setting keeps a gradient on ≥ 0.5% of tokens
+(actor/grad_preserved_frac)."""
 SCORE = "critic/score/mean"
 
 
@@ -143,7 +144,7 @@ def with_branch_share(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 def verdicts(runs: dict[str, list[dict]]) -> list[dict]:
     """Every pre-registered comparison and its verdict (confirmed / refuted / inconclusive), from the
-    per-seed values of `aepo compare`'s compare.json (``runs``). docs/preregistration.md, section 4–5."""
+    per-seed values of `aepo compare`'s compare.json (``runs``). lab/study/preregistration.md, section 4–5."""
     runs = with_branch_share(runs)
     out = []
 

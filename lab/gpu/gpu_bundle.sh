@@ -7,10 +7,10 @@
 # holds what the image holds (torch 2.13.0+cpu in place of 2.11.0+cu130) and imports the modules
 # VLLMEngine reaches: a ModuleNotFoundError names a package to add. Prints a few lines per step.
 #
-#     bash scripts/gpu_bundle.sh               # ~400 MB of downloads, 1-3 minutes
-#     CHECK=1 bash scripts/gpu_bundle.sh       # and the import check (more minutes)
+#     bash lab/gpu/gpu_bundle.sh               # ~400 MB of downloads, 1-3 minutes
+#     CHECK=1 bash lab/gpu/gpu_bundle.sh       # and the import check (more minutes)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WORK="${WORK:-/tmp/aepo-bundle}"
 VLLM="vllm==0.26.0"
 rm -rf "$WORK" .xfer
@@ -116,5 +116,5 @@ if [ "${CHECK:-0}" = 1 ]; then
     grep -v "^vllm==" "$WORK/carry.txt" >>"$WORK/image-cpu.txt"
     quiet "$py" -m pip install -q --no-deps -r "$WORK/image-cpu.txt"
     quiet "$py" -m pip install -q --no-deps "$wheel"
-    PYTHONPATH="$PWD" "$py" scripts/gpu_vllm_imports.py
+    PYTHONPATH="$PWD" "$py" lab/gpu/gpu_vllm_imports.py
 fi

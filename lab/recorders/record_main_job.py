@@ -1,7 +1,7 @@
 """The main job's seed record: `aepo train` from an empty cache, one seed at a time, with AVX2 or the default
 kernels, then each RL model on a world it never saw; a table against the main job's targets.
 
-    python benchmarks/record_main_job.py --out DIR [--seeds 0,1,2,3,4] [--kernels avx2|default]
+    python lab/recorders/record_main_job.py --out DIR [--seeds 0,1,2,3,4] [--kernels avx2|default]
                                          [--unseen-seed 7] [--against OTHER_DIR] [KEY=VALUE ...]
 
 Per seed s, alone (run nothing else on the machine; the wall time is the record):
@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 
 from aepo_rl.compare import split_entry
-from bench_avx2 import AVX2_ENV
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # bench_avx2 stays with the benchmarks
+from bench_avx2 import AVX2_ENV  # noqa: E402
 
 TARGETS = {"sft_min": 0.3, "gain_min": 0.10, "unseen_ratio_min": 0.8, "wall_max_s": 600}
 STAGE_NAMES = ("task+model+SFT", "SFT eval", "RL+eval")

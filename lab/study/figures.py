@@ -1,6 +1,6 @@
-"""The study's figures from an `aepo compare` folder (docs/results.md, "the multi-hop study"):
+"""The study's figures from an `aepo compare` folder (lab/notebook.md, "the multi-hop study"):
 
-    python examples/study/figures.py COMPARE_DIR OUT_DIR [--prefix study]
+    python lab/study/figures.py COMPARE_DIR OUT_DIR [--prefix study]
 
 - ``<prefix>_curves.png``: per arm, the mean over its seeds of each step's policy entropy, clip fraction on
   high-entropy tokens, branches per prompt and score (a trailing mean of 10 steps over the faint per-step mean);

@@ -7,8 +7,8 @@ device, turn on gradient checkpointing, and time one forward + backward + AdamW 
 and all), the peak memory the step allocated and its seconds; a plan that does not fit reports
 ``out of memory`` instead of stopping the others. Prints a table and writes ``--out`` (JSON).
 
-    python scripts/gpu_probe.py                     # on a GPU: the plans of docs/gpu.md's memory table
-    python scripts/gpu_probe.py --device cpu --plans qwen3-mini:full --tokens 64   # a dry run
+    python lab/gpu/gpu_probe.py                     # on a GPU: the plans of docs/gpu.md's memory table
+    python lab/gpu/gpu_probe.py --device cpu --plans qwen3-mini:full --tokens 64   # a dry run
 
 The default plans are the Qwen3 0.6B and 8B shapes at 8192 tokens with the Qwen3 vocabulary.
 """

@@ -1,7 +1,7 @@
 """The PhantomWiki recipe's seed record: `aepo train task.name=phantomwiki` from an empty cache per seed, then the
 RL model on its training universe's questions; a table against the task's targets, with F1 by difficulty.
 
-    python benchmarks/record_phantomwiki.py --out DIR [--seeds 0,1,2,3,4] [KEY=VALUE ...]
+    python lab/recorders/record_phantomwiki.py --out DIR [--seeds 0,1,2,3,4] [KEY=VALUE ...]
 
 Per seed s (seed s generates its own universes: training 3s+1, dev 3s+2, held-out test 3s+3):
 

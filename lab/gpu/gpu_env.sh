@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts (gpu_check.sh, gpu_vllm_check.sh): install the wheels of .whl/ (the project's
-# dependencies the GPU image lacks, scripts/gpu_wheels.sh) into /tmp/aepo-site and put it and the
+# dependencies the GPU image lacks, lab/gpu/gpu_wheels.sh) into /tmp/aepo-site and put it and the
 # repository on PYTHONPATH. Expects to be sourced from the repository root with $OUT set.
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -1,7 +1,7 @@
 """Import the vLLM modules that VLLMEngine reaches (engine, worker, the Qwen3 and Llama models, the FlashAttention
 backend, the sampler), each on its own; sort the failures: a missing Python package (ModuleNotFoundError: carry it
-in scripts/gpu_bundle.sh) or a compiled part that needs CUDA (expected off the GPU machine). Exit status 1 when a
-Python package is missing. Run by ``CHECK=1 bash scripts/gpu_bundle.sh`` and on the GPU machine before the probe."""
+in lab/gpu/gpu_bundle.sh) or a compiled part that needs CUDA (expected off the GPU machine). Exit status 1 when a
+Python package is missing. Run by ``CHECK=1 bash lab/gpu/gpu_bundle.sh`` and on the GPU machine before the probe."""
 
 from __future__ import annotations
 
