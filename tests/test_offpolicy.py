@@ -437,14 +437,44 @@ def test_no_signal_warns_after_steps_of_equal_scores_or_zero_gradients():
     assert _fired([flat, flat, DEFAULTS] * 3) == []
 
 
+def _entropy_warnings(entropies):
+    health = RunHealth()
+    return [(step, message.split(":")[1].strip()) for step, value in enumerate(entropies, 1)
+            for kind, message in health.check(step, {**DEFAULTS, "actor/entropy": value}) if kind == "entropy"]
+
+
 def test_entropy_warns_when_it_halves_or_climbs_steadily():
     collapse = [{**DEFAULTS, "actor/entropy": 0.5 * 0.9 ** i} for i in range(12)]  # 0.5 → 0.17 in 10 steps
     assert _fired(collapse) == [(10, "entropy")]
     climb = [{**DEFAULTS, "actor/entropy": 0.3 + 0.03 * i} for i in range(12)]
     assert _fired(climb) == [(10, "entropy")]
+    assert _entropy_warnings([0.5 * 0.9 ** i for i in range(12)]) == [(10, "entropy collapsing")]
+    assert _entropy_warnings([0.3 + 0.03 * i for i in range(12)]) == [(10, "entropy climbing")]
+    noisy = [0.5 * 0.9 ** i * (1.03 if i % 2 else 0.97) for i in range(12)]  # a steady fall through ±3% noise
+    assert _entropy_warnings(noisy) == [(10, "entropy collapsing")]
     # the autopsy's DAPO-like run: 0.46 → 0.26 over 12 steps, with noise; the defaults: 0.51 → 0.47
     dapo = [{**DEFAULTS, "actor/entropy": 0.46 - 0.0167 * i + (0.02 if i % 2 else 0)} for i in range(12)]
     assert _fired(dapo) == [] and _fired([{**DEFAULTS, "actor/entropy": 0.51 - 0.002 * i} for i in range(20)]) == []
+
+
+# actor/entropy of the C7 run without a guard (aepo, seed 0; docs/results.md), steps 1-60: a climb from 0.39 with
+# one-prompt mini-batches' noise; steps 40-49 fall from a one-step peak (1.016) to 0.475 and the climb resumes.
+C7_ENTROPY = [0.386, 0.426, 0.428, 0.347, 0.402, 0.388, 0.51, 0.211, 0.473, 0.369, 0.328, 0.469, 0.455, 0.118, 0.679,
+              0.217, 0.293, 0.455, 0.257, 0.344, 0.256, 0.343, 0.246, 0.415, 0.405, 0.806, 0.733, 0.681, 0.466, 0.628,
+              0.574, 0.445, 0.788, 0.35, 0.603, 0.616, 0.808, 0.718, 0.809, 1.016, 0.969, 0.658, 1.018, 0.551, 0.549,
+              0.544, 0.524, 0.561, 0.475, 0.473, 0.612, 0.492, 0.596, 0.668, 0.776, 0.636, 0.762, 0.637, 0.479, 0.675]
+
+
+def test_a_short_dip_inside_a_long_climb_does_not_warn_collapse():
+    """The window's ends are the means of its thirds: the C7 run's step-49 window (1.016 … 0.475, 7 of 9 steps
+    down) was a "collapse" by its single first and last values; its thirds' means, 0.88 → 0.52, are not halved."""
+    assert _entropy_warnings(C7_ENTROPY) == []
+    climb = [0.4 + 0.015 * i for i in range(40)]  # 0.4 → 0.99, then a dip from a one-step spike, then on up
+    dip = [1.05, 0.9, 0.8, 0.72, 0.66, 0.6, 0.56, 0.52, 0.5, 0.49]
+    after = [0.5 + 0.03 * i for i in range(10)]
+    assert _entropy_warnings(climb + dip + after) == []
+    steady = [0.88 ** i for i in range(10)]  # a fall that does halve, 1 → 0.32 (thirds 0.89 → 0.36): it warns
+    assert _entropy_warnings(climb + steady) == [(48, "entropy collapsing")]  # 0.99 → 0.47 over steps 39-48
 
 
 def test_mismatch_warns_above_its_threshold():
