@@ -170,6 +170,12 @@ class RolloutConfig:
                               "and stop strings (closing tool tags) do not end the round before (vLLM's min_tokens; 0 = off).", ge=0)
     ignore_eos: bool = knob(False, "EOS does not end a round (it may still be sampled): only stop strings and the budgets "
                                    "do (vLLM's ignore_eos; for benchmarks of fixed lengths).")
+    logprobs_mode: str = knob("raw_logprobs", "What the engine records as each sampled token's log-prob (vLLM's "
+                                              "logprobs_mode): raw_logprobs, the untempered policy's; processed_logprobs, "
+                                              "the distribution it drew from (after temperature, min-p, top-k, top-p and "
+                                              "the repetition penalty, renormalised; verl's default). Rollout Correction "
+                                              "takes it as π_rollout (§2.11); engines with the capability "
+                                              "processed_logprobs (hf).", choices=("raw_logprobs", "processed_logprobs"))
     max_prompt_length: int = knob(256, "Longest prompt in tokens; a longer one is rejected with an error naming the prompt.", ge=1)
     max_response_length: int = knob(256, "Response budget: model + tool tokens (§1.1; release 6192).", ge=1)
     max_tokens_per_round: int = knob(128, "Most tokens the model generates in one round.", ge=1)
@@ -741,8 +747,9 @@ def uses_rollout_log_probs(cfg: Config) -> bool:
 
 
 def check_rollout_correction(cfg: Config) -> None:
-    """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, and a correction
-    whose log-probs would not be comparable (the engines record untempered log-probs, §2.11)."""
+    """Refuse a malformed ``algorithm.rollout_correction`` threshold, a rejection without one, a correction
+    whose log-probs would not be comparable (tempered training log-probs against untempered recorded ones,
+    §2.11), and a surprisal step entropy read from processed log-probs."""
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     try:
         parse_is_threshold(rc.rollout_is_threshold)
@@ -761,10 +768,19 @@ def check_rollout_correction(cfg: Config) -> None:
             parse_rs_thresholds(options, rc.rollout_rs_threshold)
         except ValueError as err:
             raise ConfigError(f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: {err}") from None
-    if uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1:
-        raise ConfigError(f"{key} compares the trainer's log-probs with the engine's, which are untempered, but "
-                          f"algorithm.tempered_logprobs=true makes the trainer's tempered (rollout.temperature="
-                          f"{cfg.rollout.temperature}): set algorithm.tempered_logprobs=false, or turn the correction off")
+    if (uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1
+            and cfg.rollout.logprobs_mode == "raw_logprobs"):
+        raise ConfigError(f"{key} compares the trainer's log-probs with the engine's, which are untempered "
+                          f"(rollout.logprobs_mode=raw_logprobs), but algorithm.tempered_logprobs=true makes the trainer's "
+                          f"tempered (rollout.temperature={cfg.rollout.temperature}): set "
+                          "rollout.logprobs_mode=processed_logprobs (the engine then records the tempered log-probs), or "
+                          "algorithm.tempered_logprobs=false, or turn the correction off")
+    if (cfg.rollout.logprobs_mode != "raw_logprobs" and cfg.rollout.entropy_measure == "surprisal"
+            and cfg.rollout.mode != "independent"):
+        raise ConfigError(f"rollout.entropy_measure=surprisal reads the engine's recorded log-probs, which "
+                          f"rollout.logprobs_mode={cfg.rollout.logprobs_mode} makes those of the tempered, filtered "
+                          "distribution rather than the policy's (§1.2): set rollout.entropy_measure=full or top10_proxy, "
+                          "or rollout.logprobs_mode=raw_logprobs")
 
 
 def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:

@@ -202,7 +202,7 @@ TASKS = Registry("task", "aepo_rl.tasks")
 """Factories ``(cfg: Config) -> Task``; no capabilities."""
 
 ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, syncs_weights=False, entropies=(), sampling=(),
-                   behaviour_logprobs=False)
+                   behaviour_logprobs=False, processed_logprobs=False)
 """shares_weights: the engine generates with the trainer's own model object, so it samples the
 current policy with no weight sync and its recorded log-probs and entropies are the policy's;
 syncs_weights: the engine holds its own copy of the weights and has ``sync_weights(model)``, which
@@ -212,9 +212,13 @@ step-entropy measures (``rollout.entropy_measure``, §1.2) it can give exactly: 
 untempered log-probs) and/or ``top10_proxy`` (the release's). sampling: the optional sampling options of
 :class:`~aepo_rl.engines.base.SamplingParams` it honours (``min_tokens``, ``ignore_eos``,
 ``repetition_penalty``, ``min_p``); a run that sets another one (``rollout.<option>``) is refused at start.
-behaviour_logprobs: every generated token's recorded ``logprobs`` entry is the untempered log-prob of the
-engine's own weights, finite, so Rollout Correction (``algorithm.rollout_correction``, §2.11) can use it as
-π_rollout; a run that turns the correction on with an engine that does not declare it is refused at start."""
+behaviour_logprobs: every generated token's recorded ``logprobs`` entry is the log-prob of the engine's own
+weights (untempered, or as ``rollout.logprobs_mode`` asks), finite, so Rollout Correction (``algorithm.rollout_correction``, §2.11) can use it as
+π_rollout; a run that turns the correction on with an engine that does not declare it is refused at start.
+processed_logprobs: the factory honours ``rollout.logprobs_mode=processed_logprobs`` (vLLM's name): each recorded
+``logprobs`` entry is then the log-prob under the distribution the token was drawn from (after the repetition
+penalty, temperature, min-p, top-k and top-p, renormalised); a run that sets it with an engine that does not
+declare it is refused at start."""
 
 ARCHITECTURES = Registry("architecture", "aepo_rl.architectures",
                          builtin_names=("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"))

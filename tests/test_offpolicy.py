@@ -240,6 +240,154 @@ def test_decoupled_correction_logs_verls_metrics_and_rejects_tokens(tiny_tokeniz
 
 
 # ----------------------------------------------------------------------------------------------
+# What the engine records: rollout.logprobs_mode (vLLM's names)
+
+
+def _filtered(logits, temperature, top_k=0, top_p=1.0):
+    """The tempered, top-k then top-p filtered distribution, renormalised, written out one row at a time."""
+    out = []
+    for row in (logits / temperature).softmax(-1):
+        order = row.argsort(descending=True).tolist()
+        kept = order[:top_k] if top_k else order
+        if top_p < 1:
+            mass = row[kept] / row[kept].sum()
+            n = int((mass.cumsum(0) - mass < top_p).sum())
+            kept = kept[:n]
+        q = torch.zeros_like(row)
+        q[kept] = row[kept] / row[kept].sum()
+        out.append(q)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (6, 1.0), (0, 0.6), (8, 0.7)])
+def test_processed_log_probs_are_those_of_the_renormalised_distribution_drawn_from(top_k, top_p):
+    from aepo_rl.engines.base import SamplingParams
+    from aepo_rl.engines.sampling import sample
+
+    logits = torch.randn(64, 40, generator=torch.Generator().manual_seed(0)) * 2
+    logprobs = logits.log_softmax(-1)
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
+    tokens, processed = sample(logprobs, logprobs.exp(), params, torch.Generator().manual_seed(1),
+                               logprobs_mode="processed_logprobs")
+    raw_tokens, raw = sample(logprobs, logprobs.exp(), params, torch.Generator().manual_seed(1))
+    assert torch.equal(tokens, raw_tokens)  # the mode changes what is recorded, never what is drawn
+    q = _filtered(logits, 0.7, top_k, top_p)
+    assert (q.gather(-1, tokens[:, None]) > 0).all()
+    torch.testing.assert_close(processed, q.gather(-1, tokens[:, None]).squeeze(-1).log(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(raw, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
+    if top_k == 0 and top_p == 1:  # temperature alone: log softmax(logits / T) at the token
+        torch.testing.assert_close(processed, (logits / 0.7).log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    else:  # truncation renormalises: the kept tokens gain probability
+        assert (processed > (logits / 0.7).log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1) - 1e-6).all()
+    greedy, greedy_lp = sample(logprobs, logprobs.exp(), SamplingParams(greedy=True), None,
+                               logprobs_mode="processed_logprobs")
+    torch.testing.assert_close(greedy_lp, logprobs.max(-1).values)  # greedy: temperature 1, as vLLM's greedy path
+
+
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])  # the dynamic and the static decode path
+def test_the_hf_engine_records_log_softmax_of_logits_over_t_at_the_sampled_token(tiny_tokenizer, tiny_model,
+                                                                                cuda_graphs):
+    from aepo_rl.engines.base import SamplingParams
+
+    prompt = tiny_tokenizer("Velmora question 3?")["input_ids"]
+    runs = {}
+    for mode in ("raw_logprobs", "processed_logprobs"):
+        engine = HFEngine(tiny_model, tiny_tokenizer, seed=4, cuda_graphs=cuda_graphs, logprobs_mode=mode)
+        seqs = [engine.add_sequence(prompt) for _ in range(3)]
+        runs[mode] = engine.generate(seqs, SamplingParams(temperature=0.7, top_k=12), [10, 10, 10])
+    for raw, processed in zip(runs["raw_logprobs"], runs["processed_logprobs"]):
+        assert raw.token_ids == processed.token_ids and len(raw.token_ids) > 0
+        assert raw.entropies == pytest.approx(processed.entropies)  # the statistics stay the untempered policy's
+        ids = torch.tensor([prompt + raw.token_ids])
+        with torch.no_grad():
+            logits = tiny_model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        tokens = torch.tensor(raw.token_ids)[:, None]
+        torch.testing.assert_close(torch.tensor(raw.logprobs), logits.log_softmax(-1).gather(-1, tokens).squeeze(-1),
+                                   atol=1e-4, rtol=1e-4)
+        expected = _filtered(logits, 0.7, top_k=12).gather(-1, tokens).squeeze(-1).log()
+        torch.testing.assert_close(torch.tensor(processed.logprobs), expected, atol=1e-4, rtol=1e-4)
+        assert all(p > r for p, r in zip(processed.logprobs, raw.logprobs))  # T < 1 and top-k favour the drawn tokens
+
+
+def _trainer_for(tiny_tokenizer, sharpen: float = 1.0, **overrides):
+    """A trainer whose engine is built from the config (``rollout.logprobs_mode``); ``sharpen`` scales the
+    final norm, hence the logits (the random tiny model is near uniform: tempering it changes little)."""
+    from aepo_rl.engines import build_engine
+
+    cfg = load_config("aepo", overrides={**TINY_RL, **overrides})
+    model = build_tiny_model(tiny_tokenizer, seed=1)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(sharpen)
+    return RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), build_engine(cfg, model, tiny_tokenizer))
+
+
+def _exact_kl(model, batch, temperature):
+    """[B, R] Σ_v q_v (log q_v − log p_v) at each response position, q = softmax(logits / T), p = softmax(logits)."""
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits.float()
+    positions = (batch.prompt_lengths[:, None] - 1 + torch.arange(batch.responses.shape[1])[None]).clamp(
+        max=logits.shape[1] - 1)
+    logits = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+    log_q, log_p = (logits / temperature).log_softmax(-1), logits.log_softmax(-1)
+    return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+@pytest.mark.parametrize("mode,tempered,mismatch", [
+    ("processed_logprobs", False, True),  # tempered samples, untempered π_old: the temperature gap, measured
+    ("raw_logprobs", False, False),  # both untempered: the gap is numerical only
+    ("processed_logprobs", True, False),  # both tempered (verl's pairing)
+])
+def test_rollout_correction_measures_the_temperature_mismatch_only_when_it_is_real(tiny_tokenizer, mode, tempered,
+                                                                                  mismatch):
+    from aepo_rl.algorithms.tensors import masked_mean
+    from aepo_rl.train.rl import response_logprobs
+
+    trainer = _trainer_for(tiny_tokenizer, sharpen=8.0, **{"rollout.temperature": 0.7, "rollout.logprobs_mode": mode,
+                                              "algorithm.tempered_logprobs": tempered,
+                                              "algorithm.rollout_correction.rollout_is": "token"})
+    assert trainer.rollout_log_probs_comparable
+    groups, _ = trainer.generate()
+    trajs = [t for g in groups for t in g.trajectories]
+    batch = collate(trajs, [0] * len(trajs), tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        untempered, _ = response_logprobs(trainer.model, batch, bf16=False, with_entropy=False)
+        sampled, _ = response_logprobs(trainer.model, batch, bf16=False, with_entropy=False, temperature=0.7)
+    on = batch.response_mask.bool()
+    recorded = sampled if mode == "processed_logprobs" else untempered  # what the engine logged, token by token
+    torch.testing.assert_close(batch.rollout_log_probs[on], recorded[on], atol=1e-4, rtol=1e-4)
+    pi_old = sampled if tempered else untempered
+    direct = float(masked_mean(recorded - pi_old, on))  # k1 of KL(π_rollout ‖ π_old) over the sampled tokens
+    metrics = trainer.update(groups)
+    assert metrics["rollout_corr/kl"] == pytest.approx(direct, abs=1e-5)
+    if mismatch:
+        assert metrics["rollout_corr/kl"] > 0.05 and metrics["rollout_corr/k3_kl"] > 1e-3
+        # k1 estimates the exact KL(π_T ‖ π) of each sampled position (on a few hundred tokens: loosely)
+        exact = float(masked_mean(_exact_kl(trainer.model, batch, 0.7), on))
+        assert 0.5 * exact < metrics["rollout_corr/kl"] < 2 * exact
+        assert metrics["rollout_corr/rollout_is_mean"] < 1  # sampled tokens: π_old below the sharper π_rollout
+    else:
+        assert abs(metrics["rollout_corr/kl"]) < 1e-5 and metrics["rollout_corr/k3_kl"] < 1e-8
+
+
+def test_processed_log_probs_are_refused_where_they_cannot_be_recorded_or_would_change_the_branching(tiny_tokenizer):
+    from aepo_rl.engines import check_logprobs_mode
+
+    for engine in ("vllm", "openai"):
+        cfg = load_config("aepo", overrides=[f"rollout.engine={engine}", "rollout.entropy_measure=top10_proxy",
+                                             "rollout.logprobs_mode=processed_logprobs"])
+        with pytest.raises(ConfigError, match=r"rollout.logprobs_mode='processed_logprobs'.*\['hf'\].*raw_logprobs"):
+            check_logprobs_mode(cfg)
+    with pytest.raises(ConfigError, match="rollout.entropy_measure=surprisal.*rollout.logprobs_mode=raw_logprobs"):
+        load_config("aepo", overrides=["rollout.entropy_measure=surprisal", "rollout.logprobs_mode=processed_logprobs"])
+    load_config("aepo", overrides=["rollout.entropy_measure=surprisal", "rollout.logprobs_mode=processed_logprobs",
+                                   "rollout.mode=independent"])  # no branching decision reads it
+    load_config("aepo", overrides=["algorithm.rollout_correction.bypass_mode=true", "algorithm.tempered_logprobs=true",
+                                   "rollout.temperature=0.7", "rollout.logprobs_mode=processed_logprobs"])
+    with pytest.raises(ConfigError, match="logprobs_mode"):
+        load_config("aepo", overrides=["rollout.logprobs_mode=processed_logits"])  # vLLM's logits modes: not log-probs
+
+
+# ----------------------------------------------------------------------------------------------
 # The target-KL guard
 
 
@@ -289,14 +437,44 @@ def test_no_signal_warns_after_steps_of_equal_scores_or_zero_gradients():
     assert _fired([flat, flat, DEFAULTS] * 3) == []
 
 
+def _entropy_warnings(entropies):
+    health = RunHealth()
+    return [(step, message.split(":")[1].strip()) for step, value in enumerate(entropies, 1)
+            for kind, message in health.check(step, {**DEFAULTS, "actor/entropy": value}) if kind == "entropy"]
+
+
 def test_entropy_warns_when_it_halves_or_climbs_steadily():
     collapse = [{**DEFAULTS, "actor/entropy": 0.5 * 0.9 ** i} for i in range(12)]  # 0.5 → 0.17 in 10 steps
     assert _fired(collapse) == [(10, "entropy")]
     climb = [{**DEFAULTS, "actor/entropy": 0.3 + 0.03 * i} for i in range(12)]
     assert _fired(climb) == [(10, "entropy")]
+    assert _entropy_warnings([0.5 * 0.9 ** i for i in range(12)]) == [(10, "entropy collapsing")]
+    assert _entropy_warnings([0.3 + 0.03 * i for i in range(12)]) == [(10, "entropy climbing")]
+    noisy = [0.5 * 0.9 ** i * (1.03 if i % 2 else 0.97) for i in range(12)]  # a steady fall through ±3% noise
+    assert _entropy_warnings(noisy) == [(10, "entropy collapsing")]
     # the autopsy's DAPO-like run: 0.46 → 0.26 over 12 steps, with noise; the defaults: 0.51 → 0.47
     dapo = [{**DEFAULTS, "actor/entropy": 0.46 - 0.0167 * i + (0.02 if i % 2 else 0)} for i in range(12)]
     assert _fired(dapo) == [] and _fired([{**DEFAULTS, "actor/entropy": 0.51 - 0.002 * i} for i in range(20)]) == []
+
+
+# actor/entropy of the C7 run without a guard (aepo, seed 0; lab/notebook.md), steps 1-60: a climb from 0.39 with
+# one-prompt mini-batches' noise; steps 40-49 fall from a one-step peak (1.016) to 0.475 and the climb resumes.
+C7_ENTROPY = [0.386, 0.426, 0.428, 0.347, 0.402, 0.388, 0.51, 0.211, 0.473, 0.369, 0.328, 0.469, 0.455, 0.118, 0.679,
+              0.217, 0.293, 0.455, 0.257, 0.344, 0.256, 0.343, 0.246, 0.415, 0.405, 0.806, 0.733, 0.681, 0.466, 0.628,
+              0.574, 0.445, 0.788, 0.35, 0.603, 0.616, 0.808, 0.718, 0.809, 1.016, 0.969, 0.658, 1.018, 0.551, 0.549,
+              0.544, 0.524, 0.561, 0.475, 0.473, 0.612, 0.492, 0.596, 0.668, 0.776, 0.636, 0.762, 0.637, 0.479, 0.675]
+
+
+def test_a_short_dip_inside_a_long_climb_does_not_warn_collapse():
+    """The window's ends are the means of its thirds: the C7 run's step-49 window (1.016 … 0.475, 7 of 9 steps
+    down) was a "collapse" by its single first and last values; its thirds' means, 0.88 → 0.52, are not halved."""
+    assert _entropy_warnings(C7_ENTROPY) == []
+    climb = [0.4 + 0.015 * i for i in range(40)]  # 0.4 → 0.99, then a dip from a one-step spike, then on up
+    dip = [1.05, 0.9, 0.8, 0.72, 0.66, 0.6, 0.56, 0.52, 0.5, 0.49]
+    after = [0.5 + 0.03 * i for i in range(10)]
+    assert _entropy_warnings(climb + dip + after) == []
+    steady = [0.88 ** i for i in range(10)]  # a fall that does halve, 1 → 0.32 (thirds 0.89 → 0.36): it warns
+    assert _entropy_warnings(climb + steady) == [(48, "entropy collapsing")]  # 0.99 → 0.47 over steps 39-48
 
 
 def test_mismatch_warns_above_its_threshold():

@@ -199,3 +199,16 @@ def test_the_hydra_config_extends_ppo_trainer_with_the_8gpu_scripts_settings():
                for k in (o.split("=", 1)[0].lstrip("+") for o in script_overrides("run_qwen3_8b_8gpu.sh"))
                if not k.startswith(skip) and OmegaConf.select(config, k) != OmegaConf.select(script, k)}
     assert not missing, missing
+
+
+def test_custom_aepo_logprobs_mode_is_refused_for_verls_own_key():
+    """What verl's servers record is verl's rollout.logprobs_mode (processed_logprobs by default), not the tree's."""
+    from omegaconf import OmegaConf
+
+    from aepo_rl.config import ConfigError
+    from aepo_rl.integrations.verl.agent_loop import loop_settings
+
+    rollout = OmegaConf.create({"custom": {"aepo": {"logprobs_mode": "processed_logprobs"}}, "n": 2,
+                                "prompt_length": 64, "response_length": 64})
+    with pytest.raises(ConfigError, match=r"custom.aepo.logprobs_mode .*actor_rollout_ref.rollout.logprobs_mode"):
+        loop_settings(rollout)

@@ -10,7 +10,7 @@ from aepo_rl.engines.base import GenerationEngine, SamplingParams, Segment
 from aepo_rl.registry import ENGINES, register_engine
 
 __all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure",
-           "check_sampling_options", "register_engine"]
+           "check_logprobs_mode", "check_sampling_options", "register_engine"]
 
 SAMPLING_OPTIONS = {"min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0, "min_p": 0.0}
 """The optional sampling options (``rollout.<name>``) with their "off" values; an engine declares those it
@@ -21,6 +21,7 @@ def build_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The engine registered as ``cfg.rollout.engine`` (:data:`aepo_rl.registry.ENGINES`): hf (shares
     ``model``), openai (a server), vllm (in-process vLLM with weight sync) or one of yours."""
     check_sampling_options(cfg)
+    check_logprobs_mode(cfg)
     return ENGINES.lookup(cfg.rollout.engine)(cfg, model, tokenizer)
 
 
@@ -37,6 +38,20 @@ def check_sampling_options(cfg) -> None:
                           f"{', '.join(f'rollout.{name}' for name in unsupported)} (it declares sampling="
                           f"{list(honoured)}); leave {'it' if len(unsupported) == 1 else 'them'} at the default, "
                           "or use an engine that does (hf, vllm, openai)")
+
+
+def check_logprobs_mode(cfg) -> None:
+    """Refuse, before any work, ``rollout.logprobs_mode=processed_logprobs`` with an engine that did not declare
+    the capability ``processed_logprobs`` (it would record the untempered log-probs, silently)."""
+    from aepo_rl.config import ConfigError
+
+    mode, engine = cfg.rollout.logprobs_mode, cfg.rollout.engine
+    if mode != "raw_logprobs" and not ENGINES.capabilities(engine)["processed_logprobs"]:
+        usable = [name for name in ENGINES if ENGINES.capabilities(name)["processed_logprobs"]]
+        raise ConfigError(f"rollout.logprobs_mode={mode!r}: rollout.engine={engine!r} cannot record the log-probs of "
+                          f"the distribution it samples from (registry capability processed_logprobs; the vllm engine "
+                          f"is not wired to vLLM's own logprobs_mode, which would also change the top-k log-probs its "
+                          f"step-entropy proxy reads): use one of {usable}, or rollout.logprobs_mode=raw_logprobs")
 
 
 def check_entropy_measure(cfg) -> None:
@@ -57,13 +72,13 @@ ALL_SAMPLING = tuple(SAMPLING_OPTIONS)
 
 
 @register_engine("hf", shares_weights=True, entropies=("full", "surprisal", "top10_proxy"), sampling=ALL_SAMPLING,
-                 behaviour_logprobs=True)
+                 behaviour_logprobs=True, processed_logprobs=True)
 def hf_engine(cfg, model, tokenizer) -> GenerationEngine:
     """The built-in KV-cache decoder over the trainer's own ``model``."""
     from aepo_rl.engines.hf import HFEngine
 
     return HFEngine(model, tokenizer, seed=cfg.rollout.seed, cpu_threads=cpu_decode_threads(cfg.rollout, model),
-                    cuda_graphs=cfg.rollout.cuda_graphs)
+                    cuda_graphs=cfg.rollout.cuda_graphs, logprobs_mode=cfg.rollout.logprobs_mode)
 
 
 SMALL_POLICY = 50_000_000

@@ -41,7 +41,9 @@ class Segment:
 
     token_ids: list[int]
     logprobs: list[float]
-    """log π(token) under the model's untempered distribution (the policy being trained)."""
+    """log π(token) under the model's untempered distribution (the policy being trained); an engine built with
+    ``logprobs_mode="processed_logprobs"`` (``rollout.logprobs_mode``) records instead the log-prob under the
+    distribution it drew the token from (after temperature and the sampler's filters, renormalised)."""
     entropies: list[float]
     """Full-vocabulary entropy (nats) of the untempered distribution at each generated position."""
     top10_entropies: list[float] = field(default_factory=list)

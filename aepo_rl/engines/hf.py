@@ -7,8 +7,10 @@ One ``generate`` call does
    batch (their keys/values are copied out and the batch is compacted). With
    ``cuda_graphs`` resolved to the static path (:mod:`aepo_rl.engines.static`) the step runs over
    fixed buffers instead, recorded as a CUDA graph on a GPU; the loop around it is the same.
-Per generated token it records log π and the full entropy of the untempered distribution and
-the release's top-10 proxy (§1.2). The engine shares the policy's model object with the trainer.
+Per generated token it records log π of the sampled token (untempered, or with
+``logprobs_mode="processed_logprobs"`` under the distribution it was drawn from: vLLM's
+``logprobs_mode``, §2.11), the full entropy of the untempered distribution and the release's top-10
+proxy (§1.2). The engine shares the policy's model object with the trainer.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
-from aepo_rl.engines.sampling import (check_request, processed_logits, release_top10_proxy, sample_tokens,
-                                      token_statistics)
+from aepo_rl.engines.sampling import (check_logprobs_mode, check_request, processed_logits, release_top10_proxy,
+                                      sample, token_statistics)
 from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.static import StaticDecoder, decode_path
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids
@@ -47,10 +49,14 @@ class _Row:
 class HFEngine:
     """A :class:`~aepo_rl.engines.base.GenerationEngine` over a transformers causal LM."""
 
-    def __init__(self, model, tokenizer, seed: int = 0, cpu_threads: int | None = None, cuda_graphs: str = "auto"):
+    def __init__(self, model, tokenizer, seed: int = 0, cpu_threads: int | None = None, cuda_graphs: str = "auto",
+                 logprobs_mode: str = "raw_logprobs"):
         """``cpu_threads``: torch's thread count while ``generate`` runs on the CPU (restored after);
         None leaves torch's setting. Ignored on other devices. ``cuda_graphs`` (auto, on, off): the
-        static decode path, captured as CUDA graphs on a GPU (:func:`aepo_rl.engines.static.decode_path`)."""
+        static decode path, captured as CUDA graphs on a GPU (:func:`aepo_rl.engines.static.decode_path`).
+        ``logprobs_mode``: what each segment's ``logprobs`` hold (:data:`aepo_rl.engines.sampling.LOGPROBS_MODES`)."""
+        check_logprobs_mode(logprobs_mode)
+        self.logprobs_mode = logprobs_mode
         text_config = model.config.get_text_config()
         layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(text_config, "use_sliding_window", False):
@@ -205,10 +211,9 @@ class HFEngine:
         for step in range(max_budget):
             logprobs, probs, entropy = token_statistics(logits)
             processed = processed_logits(logits, params, seen, eos_ban if step < params.min_tokens else None)
-            tokens = sample_tokens(logprobs, probs, params, self.generator, processed)
+            tokens, chosen = sample(logprobs, probs, params, self.generator, processed, self.logprobs_mode)
             if seen is not None:
                 seen[torch.arange(len(tokens), device=self.device), tokens] = True
-            chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
             top10 = release_top10_proxy(logprobs, tokens)
             out_tokens[slots, step] = tokens
             out_stats[slots, step] = torch.stack([chosen, entropy, top10], dim=-1)

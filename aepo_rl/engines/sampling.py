@@ -3,7 +3,9 @@
 Statistics are taken under the model's UNTEMPERED distribution (the policy being trained);
 repetition penalty, the ``min_tokens`` ban of EOS, temperature, min-p, top-k and top-p only shape the
 distribution tokens are drawn from (§1.1), in vLLM's order: penalty and ban on the logits, then
-temperature, then min-p, then top-k and top-p.
+temperature, then min-p, then top-k and top-p. The log-prob recorded for a sampled token is the
+untempered one (``raw_logprobs``) or that of the distribution it was drawn from (``processed_logprobs``),
+vLLM's ``logprobs_mode`` (§2.11).
 """
 
 from __future__ import annotations
@@ -91,35 +93,76 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.T
     return scores
 
 
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+"""What an engine records as each sampled token's log-prob (vLLM's ``logprobs_mode``, of its four the two that are
+log-probs): ``raw_logprobs`` log_softmax of the model's logits (the untempered policy); ``processed_logprobs``
+log_softmax of the logits tokens are drawn from, after the repetition penalty, the ``min_tokens`` ban,
+temperature, min-p, top-k and top-p (outside tokens at −inf, so the kept ones renormalised)."""
+
+
+def check_logprobs_mode(mode: str) -> None:
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {mode!r}")
+
+
 def sample_tokens(logprobs: torch.Tensor, probs: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator, processed: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw one token per row from the tempered, filtered distribution (:func:`sample`), the tokens only."""
+    return sample(logprobs, probs, params, generator, processed)[0]
+
+
+def sample(logprobs: torch.Tensor, probs: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+           processed: torch.Tensor | None = None, logprobs_mode: str = "raw_logprobs"
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from the tempered, filtered distribution; greedy (or temperature 0) takes the argmax.
+    Returns the tokens [B] and their log-probs [B] under ``logprobs_mode`` (:data:`LOGPROBS_MODES`).
 
     ``probs`` = ``logprobs.exp()`` (untempered); it is reused when no filter applies. ``processed``: the
     logits after repetition penalty and bans (:func:`processed_logits`), when they differ from the
     model's. The draw inverts the CDF with one uniform per row (much faster on CPU than ``torch.multinomial``).
+    Greedy rows' processed log-probs are those of the processed logits at temperature 1 (vLLM's greedy path).
+    All tensor ops: no host sync.
     """
     base = logprobs if processed is None else processed
-    if params.greedy or params.temperature == 0:
-        return base.argmax(-1)
-    vocab = logprobs.shape[-1]
+    greedy = params.greedy or params.temperature == 0
+    scores = None if greedy else _sampling_scores(base, params, processed is not None)
+    if greedy:
+        tokens = base.argmax(-1)
+    else:
+        if scores is not None:
+            probs = scores.softmax(-1)
+        cdf = probs.cumsum(-1)
+        u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logprobs.shape[-1] - 1)
+    drawn_from = scores if scores is not None else base
+    if logprobs_mode == "raw_logprobs" or drawn_from is logprobs:
+        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    elif logprobs_mode == "processed_logprobs":
+        chosen = drawn_from.gather(-1, tokens[:, None]).squeeze(-1) - drawn_from.logsumexp(-1)
+    else:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+    return tokens, chosen
+
+
+def _sampling_scores(base: torch.Tensor, params: SamplingParams, processed: bool) -> torch.Tensor | None:
+    """The logits tokens are drawn from: ``base`` / temperature with min-p, top-k and top-p applied (the tokens
+    they drop at −inf); None when they are the model's own (no processing, temperature 1, no filter)."""
+    vocab = base.shape[-1]
     top_k = params.top_k if 0 < params.top_k < vocab else 0
-    if processed is not None or params.temperature != 1 or top_k or params.top_p < 1 or params.min_p > 0:
-        scores = base / params.temperature
-        if params.min_p > 0:
-            # Keep tokens with p >= min_p · p_max; in log space: score >= max score + log(min_p).
-            threshold = scores.max(-1, keepdim=True).values + math.log(params.min_p)
-            scores = scores.masked_fill(scores < threshold, float("-inf"))
-        if top_k:
-            kth_largest = scores.topk(top_k, dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth_largest, float("-inf"))
-        if params.top_p < 1:
-            # Keep the smallest set of most likely tokens whose mass reaches top_p (the first always stays).
-            sorted_scores, order = scores.sort(dim=-1, descending=True)
-            sorted_probs = sorted_scores.softmax(-1)
-            outside = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-            scores = scores.scatter(-1, order, sorted_scores.masked_fill(outside, float("-inf")))
-        probs = scores.softmax(-1)
-    cdf = probs.cumsum(-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=vocab - 1)
+    if not (processed or params.temperature != 1 or top_k or params.top_p < 1 or params.min_p > 0):
+        return None
+    scores = base / params.temperature
+    if params.min_p > 0:
+        # Keep tokens with p >= min_p · p_max; in log space: score >= max score + log(min_p).
+        threshold = scores.max(-1, keepdim=True).values + math.log(params.min_p)
+        scores = scores.masked_fill(scores < threshold, float("-inf"))
+    if top_k:
+        kth_largest = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth_largest, float("-inf"))
+    if params.top_p < 1:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p (the first always stays).
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        scores = scores.scatter(-1, order, sorted_scores.masked_fill(outside, float("-inf")))
+    return scores

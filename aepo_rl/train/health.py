@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 ENTROPY_CHANGE = 0.5
-"""Entropy warning: the window's last value is below (1 − this) or above (1 + this) times its first."""
+"""Entropy warning: the mean of the window's last third is below (1 − this) or above (1 + this) times the mean
+of its first third."""
 ENTROPY_MONOTONE = 0.7
 """Entropy warning: at least this share of the window's step-to-step changes go the same way."""
 
@@ -75,13 +76,17 @@ class RunHealth:
         if k3 is not None and k3 > self.mismatch_kl:
             mismatch = (f"training-rollout mismatch for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
                         f"{self.mismatch_kl:g}): the engine that sampled and the trainer disagree on the sampled tokens' "
-                        "log-probs (precision, another implementation, stale weights). Fix: "
+                        "log-probs (precision, another implementation, stale weights), or the engine records the "
+                        "tempered distribution it sampled from (rollout.logprobs_mode=processed_logprobs) and the trainer "
+                        "trains the untempered policy, a real temperature gap. Fix: "
                         "algorithm.rollout_correction.rollout_is=token (truncated importance weights), rollout_rs "
-                        "to reject the worst tokens, or bypass_mode=true; or align them (trainer.bf16, weight sync)")
+                        "to reject the worst tokens, or bypass_mode=true; or align them (trainer.bf16, weight sync, "
+                        "algorithm.tempered_logprobs=true for the temperature)")
         return [("no_signal", no_signal), ("off_policy", off_policy), ("mismatch", mismatch)]
 
     def _entropy_trend(self, entropy: float | None) -> str | None:
-        """A message when ``actor/entropy`` halved or grew by half over the window, moving steadily."""
+        """A message when ``actor/entropy`` halved or grew by half over the window (its last third's mean against
+        its first third's), moving that way in at least :data:`ENTROPY_MONOTONE` of its steps."""
         if entropy is None:
             return None
         self.entropies.append(entropy)
@@ -90,15 +95,20 @@ class RunHealth:
         if len(self.entropies) < self.entropy_window:
             return None
         values = list(self.entropies)
-        first, last = values[0], values[-1]
+        # The ends are the means of the window's first and last thirds, not single steps: one noisy step at an
+        # end (a spike before a short dip inside a long climb, the C7 run's step 49) cannot make the change.
+        third = max(1, len(values) // 3)
+        first, last = sum(values[:third]) / third, sum(values[-third:]) / third
         steps = [b - a for a, b in zip(values, values[1:])]
         if first > 0 and last <= (1 - ENTROPY_CHANGE) * first \
                 and sum(d < 0 for d in steps) >= ENTROPY_MONOTONE * len(steps):
-            return (f"entropy collapsing: actor/entropy fell from {first:.3g} to {last:.3g} over {len(values)} steps; "
+            return (f"entropy collapsing: actor/entropy fell from {first:.3g} to {last:.3g} (means of {third} steps) "
+                    f"over {len(values)} steps; "
                     "the policy stops exploring and its groups stop differing. Fix: clip-higher "
                     "(algorithm.clip_ratio_high=0.28), a lower trainer.lr, or a small algorithm.entropy_coeff")
         if last >= (1 + ENTROPY_CHANGE) * first and sum(d > 0 for d in steps) >= ENTROPY_MONOTONE * len(steps):
-            return (f"entropy climbing: actor/entropy rose from {first:.3g} to {last:.3g} over {len(values)} steps; "
+            return (f"entropy climbing: actor/entropy rose from {first:.3g} to {last:.3g} (means of {third} steps) "
+                    f"over {len(values)} steps; "
                     "in the study's collapsing runs this came with lower-bound clipping from reused samples, "
                     "flattening the distribution. Fix: fewer optimizer steps per RL step (trainer.ppo_epochs=1, "
                     "a larger trainer.mini_batch_size), a lower trainer.lr, or trainer.target_kl")

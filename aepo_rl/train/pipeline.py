@@ -46,7 +46,7 @@ from rich.table import Table
 
 from aepo_rl import registry
 from aepo_rl.config import Config, ConfigError, from_dict, set_key, to_dict, to_yaml, uses_rollout_log_probs, validate
-from aepo_rl.engines import build_engine, check_entropy_measure, check_sampling_options
+from aepo_rl.engines import build_engine, check_entropy_measure, check_logprobs_mode, check_sampling_options
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.progress import get_console
@@ -274,7 +274,7 @@ def run_rl_stage(cfg: Config, init_model_dir: str, run_dir: str | Path, *, task:
 def check_rl_engine(cfg: Config) -> None:
     """Refuse, before any work, an engine the built-in RL trainer cannot train with: one that neither
     shares the policy's weights nor syncs them after each update, cannot give the configured
-    step-entropy measure, or does not honour a configured sampling option."""
+    step-entropy measure, or does not honour a configured sampling option or `rollout.logprobs_mode`."""
     capabilities = registry.ENGINES.capabilities(cfg.rollout.engine)
     if not (capabilities["shares_weights"] or capabilities["syncs_weights"]):
         usable = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["shares_weights"]
@@ -289,6 +289,7 @@ def check_rl_engine(cfg: Config) -> None:
                           f"behaviour_logprobs): use one of {usable}, or turn rollout_is, rollout_rs and bypass_mode off")
     check_entropy_measure(cfg)
     check_sampling_options(cfg)
+    check_logprobs_mode(cfg)
 
 
 def _rl_trainer(cfg: Config, init_model_dir: str, checkpoint_dir: Path, task: Task) -> tuple[RLTrainer, list[dict]]:

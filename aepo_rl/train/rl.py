@@ -208,6 +208,18 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     return log_probs, entropy
 
 
+def rollout_log_probs_comparable(cfg: Config) -> bool:
+    """Whether the engine's recorded log-probs (π_rollout) and the trainer's π_old are log-probs of the same
+    tokens under policies that may be set against each other (§2.11): the engine declares
+    ``behaviour_logprobs``, and either it records the distribution it sampled from
+    (``rollout.logprobs_mode=processed_logprobs``: any gap to π_old, the temperature's included, is real
+    off-policyness the correction weighs) or both are untempered (raw log-probs and a trainer at temperature 1:
+    the gap is numerical, the sampling temperature is invisible). Raw log-probs against a tempered trainer
+    (``algorithm.tempered_logprobs`` at T ≠ 1) compare two different distributions by construction."""
+    return registry.ENGINES.capabilities(cfg.rollout.engine)["behaviour_logprobs"] and (
+        cfg.rollout.logprobs_mode == "processed_logprobs" or train_temperature(cfg) == 1)
+
+
 def train_temperature(cfg: Config) -> float:
     """Temperature of the distribution whose log-probs and entropies training uses:
     ``rollout.temperature`` with ``algorithm.tempered_logprobs`` (verl's actor), else 1."""
@@ -495,9 +507,8 @@ class RLTrainer:
                               f"aggregation, which algorithm.policy_loss={cfg.algorithm.policy_loss!r} does not let the "
                               "trainer do (it takes no aggregate= argument, as the built-in losses do): add it, or set "
                               "rollout_is=null")
-        self.rollout_log_probs_comparable = (train_temperature(cfg) == 1 and
-                                             registry.ENGINES.capabilities(cfg.rollout.engine)["behaviour_logprobs"])
-        """The engine's untempered log-probs can be set against the trainer's π_old (§2.11)."""
+        self.rollout_log_probs_comparable = rollout_log_probs_comparable(cfg)
+        """The engine's recorded log-probs can be set against the trainer's π_old (§2.11)."""
         self.engine_syncs = registry.ENGINES.capabilities(cfg.rollout.engine)["syncs_weights"]
         """The engine holds its own copy of the weights (vLLM): pushed after every update, and π_old is
         never the engine's log-probs but the trainer's own forward (the engine's are only compared)."""

@@ -51,7 +51,8 @@ CUSTOM_KEY = "actor_rollout_ref.rollout.custom.aepo"
 FROM_VERL = {"n": "actor_rollout_ref.rollout.n", "temperature": "actor_rollout_ref.rollout.temperature",
              "top_p": "actor_rollout_ref.rollout.top_p", "top_k": "actor_rollout_ref.rollout.top_k",
              "max_prompt_length": "actor_rollout_ref.rollout.prompt_length",
-             "max_response_length": "actor_rollout_ref.rollout.response_length"}
+             "max_response_length": "actor_rollout_ref.rollout.response_length",
+             "logprobs_mode": "actor_rollout_ref.rollout.logprobs_mode"}
 """RolloutConfig knobs that verl's own keys set (custom.aepo.<name> is refused for them)."""
 ENGINE_ONLY = {name for name in (f.name for f in fields(RolloutConfig))
                if name.startswith(("engine", "vllm_")) or name in ("seed", "tool_error_warn_share")}
