@@ -1,4 +1,4 @@
-"""The training forward pass (``aepo_rl/train/forward.py``): a shared prefix run once, and packed rows.
+"""The training forward pass (``aepo_rl/models/forward.py``): a shared prefix run once, and packed rows.
 
 Forward + backward + AdamW on the tiny default model (``model.tiny_*``), both ways side by side
 in one run, in alternating rounds:
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from aepo_rl.config import load_config
-from aepo_rl.train.copy_warmup import COPY_BATCH, copy_batch
-from aepo_rl.train.forward import decoder_hidden, lm_head, packed_hidden
+from aepo_rl.models.copy_warmup import COPY_BATCH, copy_batch
+from aepo_rl.models.forward import decoder_hidden, lm_head, packed_hidden
 
 
 def tiny_model(cfg):

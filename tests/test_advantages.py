@@ -7,7 +7,7 @@ import torch
 
 from aepo_rl.algorithms import (ADVANTAGE_ESTIMATORS, PolicyLossConfig, filter_groups, get_advantage_estimator,
                                 overlong_penalty)
-from aepo_rl.algorithms.advantages import anchor_keys
+from aepo_rl.train.rl import anchor_keys
 from test_rl import make_traj
 
 EPS = 1e-6

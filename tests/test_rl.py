@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aepo_rl import algorithms
-from aepo_rl.algorithms.advantages import anchor_keys
+from aepo_rl.train.rl import anchor_keys
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
