@@ -25,11 +25,11 @@ from aepo_rl.models.prompts import encode_prompt
 from aepo_rl.models.smollm2 import (SMOLLM2_GGUF, SMOLLM2_SHA256, SMOLLM2_WHEEL, fetch_smollm2_gguf,
                                     load_smollm2_gguf, smollm2_gguf)
 from aepo_rl.models.tiny import (CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE, TOOL_TAGS, build_tiny_model, init_tiny_model,
-                                 tiny_cache_key, train_tiny_tokenizer)
+                                 tiny_cache_key, tiny_config, train_tiny_tokenizer)
 
 __all__ = ["CHATML_SPECIAL_TOKENS", "CHATML_TEMPLATE", "SMOLLM2_GGUF", "SMOLLM2_SHA256", "SMOLLM2_WHEEL",
            "TOKENIZER_FILES", "TOOL_TAGS", "ModelPathError", "apply_lora", "build_tiny_model", "check_model_dir",
            "damaged_weights", "enable_gradient_checkpointing", "encode_prompt", "fetch_smollm2_gguf",
            "init_random_model", "init_tiny_model", "is_peft", "load_hf_dir", "load_policy", "load_smollm2_gguf",
-           "load_tokenizer", "model_device", "resolve_device", "save_policy", "smollm2_gguf", "tiny_cache_key",
+           "load_tokenizer", "model_device", "resolve_device", "save_policy", "smollm2_gguf", "tiny_cache_key", "tiny_config",
            "torch_dtype", "train_tiny_tokenizer", "weight_files"]

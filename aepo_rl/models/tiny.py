@@ -97,17 +97,23 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int):
     return tokenizer
 
 
-def init_tiny_model(model_cfg: ModelConfig, tokenizer, seed: int):
-    """A randomly initialised Qwen3 with the ``tiny_*`` sizes and tied embeddings."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+def tiny_config(model_cfg: ModelConfig, vocab_size: int, eos_token_id: int | None, pad_token_id: int | None):
+    """The transformers config of the tiny model: a Qwen3 with the ``tiny_*`` sizes and tied embeddings."""
+    from transformers import Qwen3Config
 
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=model_cfg.tiny_hidden_size,
+    return Qwen3Config(
+        vocab_size=vocab_size, hidden_size=model_cfg.tiny_hidden_size,
         intermediate_size=model_cfg.tiny_intermediate_size, num_hidden_layers=model_cfg.tiny_num_layers,
         num_attention_heads=model_cfg.tiny_num_heads, num_key_value_heads=model_cfg.tiny_num_kv_heads,
         head_dim=model_cfg.tiny_head_dim, max_position_embeddings=model_cfg.tiny_max_positions,
-        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None)
+        tie_word_embeddings=True, eos_token_id=eos_token_id, pad_token_id=pad_token_id, bos_token_id=None)
+
+
+def init_tiny_model(model_cfg: ModelConfig, tokenizer, seed: int):
+    """A randomly initialised tiny model (:func:`tiny_config`) for ``tokenizer``."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config = tiny_config(model_cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
