@@ -12,8 +12,7 @@ from aepo_rl.models import init_random_model, load_policy
 from aepo_rl.registry import UnknownNameError
 from aepo_rl.train import pipeline
 from aepo_rl.train.rl import RLTrainer
-from test_models import TextTask, tiny_cfg
-from test_rl import TINY_RL, VaryingRewardTask
+from helpers import TINY_RL, TextTask, VaryingRewardTask, tiny_cfg
 
 QWEN3_VOCAB = 151936
 

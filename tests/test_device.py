@@ -15,10 +15,7 @@ from aepo_rl.models import enable_gradient_checkpointing, load_policy, model_dev
 from aepo_rl.models.forward import recomputes_layers
 from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft import run_sft
-from conftest import build_tiny_model
-from test_models import TextTask, tiny_cfg
-from test_rl import TINY_RL, VaryingRewardTask
-from test_sft import demo
+from helpers import TINY_RL, TextTask, VaryingRewardTask, build_tiny_model, demo, tiny_cfg
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])

@@ -10,22 +10,7 @@ from aepo_rl import models
 from aepo_rl.config import load_config
 from aepo_rl.models import TOOL_TAGS, apply_lora, encode_prompt, load_policy, save_policy
 
-TEXTS = ["Velmora was founded in 1874 by Ada Korrin. <search>Velmora founder</search>",
-         " <result>\nPage 1: Velmora\n</result> <python>print(2024 - 1874)</python> <answer>\\boxed{150}</answer>",
-         ] + [f"city number {i} lies on the river Ostra near the hills of Kamet" for i in range(40)]
-
-TINY = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
-        "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
-        "model.tiny_vocab_size": 400, "model.tiny_max_positions": 256, "model.tiny_copy_steps": 2}
-
-
-class TextTask:
-    def texts(self):
-        return TEXTS
-
-
-def tiny_cfg(cache_dir, **extra):
-    return load_config(overrides={**TINY, "model.cache_dir": str(cache_dir), **extra})
+from helpers import TEXTS, TextTask, tiny_cfg
 
 
 def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):

@@ -14,30 +14,13 @@ from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.entropy import premonitor_global_samples
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
-from aepo_rl.tasks.base import Example
-from conftest import build_tiny_model
-from fakes import EchoSearch, FakeEngine
+from fakes import FakeEngine
+from helpers import VaryingRewardTask, build_tiny_model
 
 
-class ToolTask:
-    """Questions answered with \\boxed{x} after a few searches (scripted by the fake engine); ``reward`` and
-    ``correct`` depend on the response length, so groups of the tiny model get distinct scores."""
-
-    name = "fake"
-
-    def __init__(self, count: int = 6):
-        self._examples = [Example(id=f"q{i}", question=f"question {i}", answers=["x"], data_source="fake",
-                                  messages=[{"role": "user", "content": f"Velmora question {i}?"}])
-                          for i in range(count)]
-
-    def examples(self, split):
-        return self._examples
-
-    def tools(self):
-        return {"search": EchoSearch()}
-
-    def reward(self, example, response_text):
-        return float(len(response_text) % 3) / 2
+class ToolTask(VaryingRewardTask):
+    """Questions answered with \\boxed{x} after a few searches (scripted by the fake engine); the reward depends on
+    the response length, so groups of the tiny model get distinct scores; ``correct`` is the boxed answer."""
 
     def correct(self, example, response_text):
         return "\\boxed{x}" in response_text

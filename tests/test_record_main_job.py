@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_pipeline import TINY_PIPELINE
+from helpers import TINY_PIPELINE
 
 BENCH = Path(__file__).parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))

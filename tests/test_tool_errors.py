@@ -17,7 +17,7 @@ from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example
 from aepo_rl.tools import PythonSandbox, SearchTool, ToolError
 
-from conftest import build_tiny_model
+from helpers import build_tiny_model
 from fakes import EchoSearch, FakeEngine
 
 WARNING = "of the tool calls failed"
