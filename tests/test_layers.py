@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "aepo_rl"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-DEFERRED_IMPORTS_ALLOWED = ("cli.py", "__init__.py", "probes.py", "engines/__init__.py", "integrations/")
+DEFERRED_IMPORTS_ALLOWED = ("cli.py", "__init__.py", "engines/__init__.py", "integrations/")
 """Where an aepo_rl or standard-library import may sit inside a function (docs/architecture.md, Rules): the command
 line (``cli.py``) and the package face (``__init__.py``, AEPOTrainer on first use) keep ``aepo config show`` free of
-torch; ``probes.py`` is read by the command line's parser; ``engines/__init__.py`` registers the engines, whose
-modules load when one is built; the optional integrations load verl or TRL when asked."""
+torch; ``engines/__init__.py`` registers the engines, whose modules load when one is built; the optional
+integrations load verl or TRL when asked."""
 
 
 # ---------------------------------------------------------------- reading the code

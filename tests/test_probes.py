@@ -148,7 +148,7 @@ def test_fork_choice_children_continue_the_parent_prefix(tiny_tokenizer, monkeyp
     def spy(engine, trajectories, tools, cfg, **kw):
         seen.extend((t.parent_id, t.fork_token_index, list(t.response_token_ids)) for t in trajectories)
         original(engine, trajectories, tools, cfg, **kw)
-    monkeypatch.setattr(tree, "continue_rollout", spy)
+    monkeypatch.setattr(probes, "continue_rollout", spy)
     engine = FakeEngine(tiny_tokenizer, searches_then_answer(tiny_tokenizer, 2))
     result = probes.run_probe("fork-choice", config(), ToolTask(2), engine,
                               probes.ProbeOptions(prompts=2, seeds=1, children=3))
@@ -249,9 +249,7 @@ def test_objective_gradient_matches_a_finite_difference(tiny_tokenizer):
     (["probe", "fork-choice", "trainer.run_dir=/nonexistent"], "aepo probe measures a trained policy: pass --model"),
 ])
 def test_bad_input_fails_before_any_model(argv, message, capsys, monkeypatch):
-    from aepo_rl import models
-
-    monkeypatch.setattr(models, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(probes, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(argv) == 2
     assert message in capsys.readouterr().err
 
