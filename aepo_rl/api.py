@@ -31,9 +31,14 @@ from typing import Any
 
 from aepo_rl.config import (TRL_ALIASES, Config, ConfigError, carry_mini_batch, load_config, set_key, to_dict,
                             to_yaml, validate)
+from aepo_rl.evaluate import evaluate
 from aepo_rl.hf_callbacks import HFCallback, is_hf_callback
+from aepo_rl.models import check_model_dir, save_policy
 from aepo_rl.progress import get_console
+from aepo_rl.rewards import WeightedRewards
 from aepo_rl.tasks.base import Task
+from aepo_rl.tasks.common import ToolOptions
+from aepo_rl.tasks.dataset import BUILT_WITH_CONFIG, DatasetTask, dataset_rows
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.sft_data import load_sft_data
 from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
@@ -176,8 +181,6 @@ class AEPOTrainer:
             set_key(cfg, "trainer.run_name", output_dir.name)
         validate(cfg)
         if self._model_object is None and cfg.model.path not in (None, "smollm2"):
-            from aepo_rl.models import check_model_dir
-
             check_model_dir(cfg.model.path)  # a wrong path fails now, not after the task is built
         self.cfg = cfg
         self._sft_data = load_sft_data(cfg, sft_dataset)
@@ -199,10 +202,6 @@ class AEPOTrainer:
                 raise ValueError("reward_funcs, reward_weights and tools go with train_dataset: without a dataset the "
                                  f"task is the config's (task.name={self.cfg.task.name!r}) with its own reward and tools")
             return None
-        from aepo_rl.rewards import WeightedRewards
-        from aepo_rl.tasks.common import ToolOptions
-        from aepo_rl.tasks.dataset import BUILT_WITH_CONFIG, DatasetTask, dataset_rows
-
         task_cfg = self.cfg.task
         tools = BUILT_WITH_CONFIG if tools is None else list(tools)
         if "search" in tools and not (task_cfg.corpus or task_cfg.search_url):
@@ -360,8 +359,6 @@ class AEPOTrainer:
     def evaluate(self, split: str | None = None) -> dict:
         """pass@1 / pass@k of the current policy on ``split`` (default ``eval.split``, the eval_dataset's rows
         for a dataset task), with the ``eval.*`` settings: ``{"<task>/<split>": {"pass@1", "pass@k", ...}}``."""
-        from aepo_rl.evaluate import evaluate
-
         cfg = copy.deepcopy(self.cfg)
         if split is not None:
             cfg.eval.split = split
@@ -377,8 +374,6 @@ class AEPOTrainer:
     def save_model(self, path: str | Path | None = None) -> Path:
         """Save the current policy as a Hugging Face folder (LoRA adapters merged) at ``path`` (default
         ``<run folder>/model``); returns the folder."""
-        from aepo_rl.models import save_policy
-
         rl = self._policy()
         return Path(save_policy(rl.model, rl.tokenizer, Path(path) if path is not None else self.run_dir / "model"))
 

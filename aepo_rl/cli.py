@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="Hugging Face model folder (default: a tiny random model)")
     p.set_defaults(func=cmd_rollout)
 
-    from aepo_rl.probes import PROBES, ProbeOptions
+    from aepo_rl.probe_options import PROBES, ProbeOptions
 
     defaults = ProbeOptions()
     p = sub.add_parser("probe", parents=[plugin], help="measure one AEPO mechanism on a checkpoint, paired, with 95%% "

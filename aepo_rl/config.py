@@ -589,12 +589,12 @@ def set_key(cfg: Config, dotted: str, value: Any) -> None:
 
 CIRCUIT_MIN_HEAD_DIM = 30
 """The induction circuit's head needs this many dimensions: RoPE pairs for the previous-token match and
-for the token match (aepo_rl/train/copy_warmup.py)."""
+for the token match (aepo_rl/models/copy_warmup.py)."""
 
 
 def circuit_heads(hidden_size: int, head_dim: int) -> int:
     """Key/value heads each layer of the induction circuit uses: one per ``head_dim`` coordinates of the
-    half of the residual stream it moves (aepo_rl/train/copy_warmup.py)."""
+    half of the residual stream it moves (aepo_rl/models/copy_warmup.py)."""
     return -(-(hidden_size // 2) // head_dim)
 
 

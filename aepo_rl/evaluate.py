@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from aepo_rl.config import Config, ConfigError
+from aepo_rl.engines import build_engine
 from aepo_rl.engines.base import SamplingParams
+from aepo_rl.engines.openai import OpenAIEngine
 from aepo_rl.errors import check_writable
-from aepo_rl.models import encode_prompt
+from aepo_rl.models import encode_prompt, load_policy
 from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import run_rollout
+from aepo_rl.tasks import get_task
 from aepo_rl.tasks.base import Example, Task, split_tools
 
 log = logging.getLogger(__name__)
@@ -209,8 +212,6 @@ def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = N
     """`aepo eval`: evaluate ``cfg.model.path`` (or an OpenAI-compatible endpoint) on ``cfg.eval.split``.
 
     An unwritable ``out_file`` is an error before anything is evaluated."""
-    from aepo_rl.tasks import get_task
-
     if out_file is not None:
         check_writable(out_file, "--out")
     task = get_task(cfg)
@@ -247,9 +248,6 @@ def eval_main(cfg: Config, out_file: str | None = None, endpoint: str | None = N
 def _build_policy_engine(cfg: Config, task: Task, endpoint: str | None, endpoint_model: str | None):
     """The HF/vLLM engine over ``load_policy``'s model, or an OpenAI-compatible endpoint."""
     if endpoint is None:
-        from aepo_rl.engines import build_engine
-        from aepo_rl.models import load_policy
-
         model, tokenizer = load_policy(cfg, task)
         return build_engine(cfg, model, tokenizer)
     if not endpoint_model:
@@ -258,8 +256,6 @@ def _build_policy_engine(cfg: Config, task: Task, endpoint: str | None, endpoint
         raise ConfigError("--endpoint needs --model TOKENIZER (a folder or hub id with the endpoint model's "
                           "tokenizer): prompts are sent as token ids")
     from transformers import AutoTokenizer
-
-    from aepo_rl.engines.openai import OpenAIEngine
 
     return OpenAIEngine(endpoint, endpoint_model, AutoTokenizer.from_pretrained(cfg.model.path),
                         api_key=os.environ.get("OPENAI_API_KEY"), seed=cfg.rollout.seed)

@@ -27,67 +27,30 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, variance
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+import torch
+from rich.table import Table
+
+from aepo_rl.algorithms import get_policy_loss
+from aepo_rl.algorithms.losses import HIGH_ENTROPY_QUANTILE
+from aepo_rl.compare import mean_ci95
 from aepo_rl.config import Config, ConfigError
-
-if TYPE_CHECKING:
-    from aepo_rl.rollout.trajectory import Trajectory
-    from aepo_rl.tasks.base import Example, Task
-
-# The rollout, reward and training modules are imported where they are used, so that `aepo --help` (whose
-# parser lists the probes) stays quick.
-
-CLAIMS = {
-    "premonitor": "paper §1.3: a prompt whose root entropy is high relative to its tool-call entropy gets more "
-                  "global samples (m rises with H_root − H_tool_avg); otherwise the budget goes to branching",
-    "branch-penalty": "paper §1.4: the penalty (1 − λ·l) curbs consecutive high-entropy branching along one path, "
-                      "so fewer branch events at l ≥ 2, a smaller largest subtree and more distinct answers per tree",
-    "fork-choice": "ARPO/AEPO §1.4: forking where the step entropy is high finds better continuations than forking "
-                   "at random, so the entropy-chosen children succeed more often",
-    "clip-gradient": "paper §2.3: keeping the gradient of upper-clipped (high-entropy) tokens sustains exploration: "
-                     "the kept gradient raises the entropy and the high-entropy tokens' log-probs",
-}
-PROBES = tuple(CLAIMS)
-
-
-@dataclass
-class ProbeOptions:
-    """What ``aepo probe`` takes besides the config (docs/mechanisms.md gives the defaults' reasons)."""
-
-    prompts: int = 32
-    """Prompts to probe (premonitor, branch-penalty, fork-choice)."""
-    batches: int = 8
-    """clip-gradient: RL batches of trainer.batch_size prompts, each probed on all its mini-batches."""
-    seeds: int = 2
-    """Rollout seeds per prompt (rollout.seed, rollout.seed + 1, ...)."""
-    split: str = "train"
-    penalty: float | None = None
-    """branch-penalty: λ of the penalised arm (the other has λ = 0); None: rollout.branch_penalty."""
-    n: int = 16
-    """branch-penalty: trajectories per tree."""
-    global_samples: int = 2
-    """branch-penalty: global samples m per tree (the rest is the branching budget)."""
-    children: int = 4
-    """fork-choice: children per fork point."""
-    stale_steps: int = 4
-    """clip-gradient: k, the optimizer steps between π_old and the probed policy."""
-
-    def check(self, probe: str, cfg: Config) -> None:
-        """Refuse bad values before any model is built."""
-        if probe not in PROBES:
-            raise ConfigError(f"unknown probe '{probe}'; choose one of: {', '.join(PROBES)}")
-        for name in ("prompts", "batches", "seeds", "children", "stale_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if probe == "branch-penalty":
-            penalty = cfg.rollout.branch_penalty if self.penalty is None else self.penalty
-            if not 0 < penalty:
-                raise ConfigError(f"the penalty must be > 0 (the other arm has λ = 0), got {penalty} "
-                                  f"({'rollout.branch_penalty' if self.penalty is None else '--penalty'})")
-            if not 1 <= self.global_samples < self.n:
-                raise ConfigError(f"--global-samples must be in [1, --n): got {self.global_samples} with --n {self.n}; "
-                                  "the rest of the n trajectories is the branching budget")
+from aepo_rl.engines import build_engine, check_entropy_measure
+from aepo_rl.errors import check_writable
+from aepo_rl.models import check_model_dir, encode_prompt, load_policy
+from aepo_rl.probe_options import CLAIMS, ProbeOptions
+from aepo_rl.progress import get_console
+from aepo_rl.rewards import extract_answer, normalize_answer
+from aepo_rl.rollout.entropy import premonitor_global_samples
+from aepo_rl.rollout.metrics import subtree_roots
+from aepo_rl.rollout.trajectory import Trajectory
+from aepo_rl.rollout.tree import continue_rollout, fork_copy, premonitor_probes, run_rollout, tool_entropy
+from aepo_rl.tasks import get_task
+from aepo_rl.tasks.base import Example, Task
+from aepo_rl.train.checkpoint import find_trained_model
+from aepo_rl.train.rl import (RLTrainer, accumulate_gradients, batched_logprobs, build_optimizer, collate,
+                              response_logprobs, train_temperature)
 
 
 @dataclass
@@ -113,8 +76,6 @@ def paired_effect(metric: str, a: list[float], b: list[float] | None, arms: tupl
                   expected: str) -> dict[str, Any]:
     """Means of arms a and b and the mean of their paired differences a − b with its 95% t-interval
     (``b`` None: a quantity that is itself a difference, such as the norm of g_sg − g_hard)."""
-    from aepo_rl.compare import mean_ci95
-
     if b is not None and len(a) != len(b):
         raise ValueError(f"{metric}: {len(a)} values against {len(b)}; a paired effect needs one pair per unit")
     diff = mean_ci95(list(a) if b is None else [x - y for x, y in zip(a, b)])
@@ -148,8 +109,6 @@ def reseed(engine, seed: int) -> None:
 
 
 def encode(engine, examples: list[Example]) -> list[tuple[str, list[int]]]:
-    from aepo_rl.models import encode_prompt
-
     return [(ex.id, encode_prompt(engine.tokenizer, ex.messages)) for ex in examples]
 
 
@@ -167,8 +126,6 @@ def seeded_chunks(cfg: Config, examples: list[Example], seeds: int):
 
 def distinct_answers(texts: list[str]) -> int:
     """Different normalized final answers among ``texts`` (responses without an answer not counted)."""
-    from aepo_rl.rewards import extract_answer, normalize_answer
-
     return len({normalize_answer(a) for a in map(extract_answer, texts) if a is not None})
 
 
@@ -179,9 +136,6 @@ def distinct_answers(texts: list[str]) -> int:
 def probe_premonitor(cfg: Config, task: Task, engine, examples: list[Example], options: ProbeOptions) -> ProbeResult:
     """m of both formulas against m = n/2 and against the gap H_root − H_tool_avg, the same probes for both."""
     from scipy import stats
-
-    from aepo_rl.rollout.entropy import premonitor_global_samples
-    from aepo_rl.rollout.tree import premonitor_probes, tool_entropy
 
     rc, n = cfg.rollout, cfg.rollout.n
     fixed = max(1, n // 2)
@@ -237,8 +191,6 @@ def _reliability(rows: list[dict[str, Any]], key: str) -> str:
 def probe_branch_penalty(cfg: Config, task: Task, engine, examples: list[Example],
                          options: ProbeOptions) -> ProbeResult:
     """The AEPO rollout with λ = ``options.penalty`` against λ = 0, fixed m, the same seeds in both arms."""
-    from aepo_rl.rollout.tree import run_rollout
-
     penalty = cfg.rollout.branch_penalty if options.penalty is None else options.penalty
     arms = (("penalty", penalty), ("no_penalty", 0.0))
     rows = []
@@ -274,8 +226,6 @@ def probe_branch_penalty(cfg: Config, task: Task, engine, examples: list[Example
 
 def _tree_row(task: Task, example: Example, group: list[Trajectory], streaks: list[int]) -> dict[str, Any]:
     """One tree's branching and outcome: the l of each branch event (§1.4) and the tree's spread."""
-    from aepo_rl.rollout.metrics import subtree_roots
-
     hist = {"0": 0, "1": 0, "2": 0, "3+": 0}
     for level in streaks:
         hist[str(level) if level < 3 else "3+"] += 1
@@ -304,8 +254,6 @@ def fork_points(traj: Trajectory, entropy_segment: str) -> list[tuple[int, float
 
 def probe_fork_choice(cfg: Config, task: Task, engine, examples: list[Example], options: ProbeOptions) -> ProbeResult:
     """Children of one parent forked at its highest-entropy candidate point against a uniformly random candidate."""
-    from aepo_rl.rollout.tree import run_rollout
-
     rc = cfg.rollout
     by_id = {ex.id: ex for ex in examples}
     parents: dict[int, list[tuple[Trajectory, int, int]]] = {}  # per seed index: (parent, entropy point, random point)
@@ -354,8 +302,6 @@ def _children(cfg: Config, task: Task, engine, forks: list[tuple[Trajectory, int
               k: int, seed: int) -> list[list[bool]]:
     """Whether each of ``k`` children forked from each (parent, point) of ``forks`` answers correctly, all children
     generated row by row in ``forks`` order from the engine seed ``seed``."""
-    from aepo_rl.rollout.tree import continue_rollout, fork_copy
-
     kids = [fork_copy(parent, j + 1, point) for parent, point in forks for j in range(k)]
     reseed(engine, seed)
     for batch in chunks(kids, cfg.eval.batch_size * k):
@@ -373,9 +319,6 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
     configured update on the batch's mini-batches (θ_k), then on every mini-batch, at θ_k and with π_old = θ₀:
     g_sg (the aepo loss) and g_hard (the same with ``sg_upper_clip=false``), and the gradients of the
     mini-batch's mean entropy and of its high-entropy tokens' mean log-prob."""
-    from aepo_rl.algorithms import get_policy_loss
-    from aepo_rl.train.rl import RLTrainer, build_optimizer
-
     sg_cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, policy_loss="aepo",
                                                                     sg_upper_clip=True))
     hard_cfg = dataclasses.replace(sg_cfg, algorithm=dataclasses.replace(sg_cfg.algorithm, sg_upper_clip=False))
@@ -450,10 +393,6 @@ def probe_clip_gradient(cfg: Config, task: Task, engine, model, tokenizer, optio
 def _prepared_update(trainer, groups):
     """The RL update's inputs as :meth:`RLTrainer.update` builds them: the batch, π_old / H_old / advantages,
     the first epoch's mini-batches and whether the first one's π_old comes from its own training forward."""
-    import torch
-
-    from aepo_rl.train.rl import collate
-
     trajectories = [t for g in groups for t in g.trajectories]
     group_index = [i for i, g in enumerate(groups) for _ in g.trajectories]
     batch = collate(trajectories, group_index, trainer.tokenizer.pad_token_id).to(trainer.device)
@@ -466,15 +405,11 @@ def _prepared_update(trainer, groups):
 
 
 def _flat_grad(params) -> Any:
-    import torch
-
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
 
 
 def _loss_gradient(model, params, batch, rows, fixed, cfg: Config, policy_loss: Callable):
     """The gradient of the configured loss on mini-batch ``rows``, flat, as the trainer accumulates it."""
-    from aepo_rl.train.rl import accumulate_gradients
-
     model.zero_grad(set_to_none=True)
     accumulate_gradients(model, batch, rows, fixed, cfg, policy_loss)
     grad = _flat_grad(params)
@@ -485,11 +420,6 @@ def _loss_gradient(model, params, batch, rows, fixed, cfg: Config, policy_loss: 
 def _objective_gradients(model, params, batch, rows, fixed, cfg: Config):
     """Gradients of the mini-batch's mean token entropy and of the mean log-prob of its high-entropy tokens
     (H ≥ the 0.8-quantile of its masked tokens, §7.1), flat; and the token counts of the mini-batch."""
-    import torch
-
-    from aepo_rl.algorithms.losses import HIGH_ENTROPY_QUANTILE
-    from aepo_rl.train.rl import batched_logprobs, response_logprobs, train_temperature
-
     temperature, bf16 = train_temperature(cfg), cfg.trainer.bf16
     mask = batch.response_mask.bool()
     log_probs, entropy = batched_logprobs(model, batch, rows, cfg.trainer.micro_batch_size, bf16, temperature)
@@ -520,10 +450,6 @@ def _objective_gradients(model, params, batch, rows, fixed, cfg: Config):
 
 
 def print_result(result: ProbeResult) -> None:
-    from rich.table import Table
-
-    from aepo_rl.progress import get_console
-
     console = get_console()
 
     def number(value: float | None) -> str:
@@ -562,18 +488,11 @@ def run_probe(name: str, cfg: Config, task: Task, engine, options: ProbeOptions,
 
 def probe_main(name: str, cfg: Config, options: ProbeOptions, out_file: str | None) -> int:
     """`aepo probe NAME`: every input checked before the model is loaded, then the probe, its table and its JSON."""
-    from aepo_rl.engines import build_engine, check_entropy_measure
-    from aepo_rl.errors import check_writable
-    from aepo_rl.models import check_model_dir, load_policy
-    from aepo_rl.tasks import get_task
-
     options.check(name, cfg)
     check_entropy_measure(cfg)
     if out_file is not None:
         check_writable(out_file, "--out")
     if cfg.model.path is None and cfg.model.init is None:  # the tiny model's random weights rarely call a tool
-        from aepo_rl.train.checkpoint import find_trained_model
-
         found = find_trained_model(cfg.trainer.run_dir, cfg.task.name)
         if found is None:
             raise ConfigError(f"aepo probe measures a trained policy: pass --model HF_DIR (no model trained on "

@@ -5,7 +5,7 @@ the tools in use and a format; it gives the system-prompt line of each tool, the
 the call parser and the result wrapping. The reward side is a set of functions of the decoded
 response alone (verl's ``compute_score`` knows no tools): :func:`format_error`,
 :func:`tools_used` and :func:`model_text`. This module imports nothing heavy, so
-``aepo_rl/rewards.py`` can import it when verl loads that file by path.
+``aepo_rl.rewards`` can import it when verl loads ``integrations/verl/reward.py`` by path.
 
 Formats (``rollout.tool_format``):
 

@@ -201,6 +201,11 @@ needs ``judge``: the entry is a factory ``(judge_url, judge_model, **options) ->
 TASKS = Registry("task", "aepo_rl.tasks")
 """Factories ``(cfg: Config) -> Task``; no capabilities."""
 
+CORPORA = Registry("corpus", "aepo_rl.tasks", builtin_names=("synthetic",))
+"""Named search corpora, factories ``(seed: int) -> list of {"id", "title", "text"} documents``: a task hands
+its documents to the search tool this way (``corpus="synthetic"``, ``aepo serve-search --corpus synthetic``),
+so tools never import tasks; no capabilities."""
+
 ENGINES = Registry("engine", "aepo_rl.engines", shares_weights=False, syncs_weights=False, entropies=(), sampling=(),
                    behaviour_logprobs=False, processed_logprobs=False)
 """shares_weights: the engine generates with the trainer's own model object, so it samples the
@@ -230,6 +235,7 @@ register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 register_tool = TOOLS.register
 register_reward = REWARDS.register
 register_task = TASKS.register
+register_corpus = CORPORA.register
 register_engine = ENGINES.register
 register_architecture = ARCHITECTURES.register
 

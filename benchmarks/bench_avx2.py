@@ -5,7 +5,7 @@ the same limit for MKL and oneDNN, which run the matrix products) makes an AVX-5
 timed on a slice, in a fresh subprocess per measurement, alternating the two capabilities (and
 which goes first) round by round, so machine load hits both alike:
 
-    warmup   copy warm-up steps of the tiny-model build (train/copy_warmup.py)
+    warmup   copy warm-up steps of the tiny-model build (models/copy_warmup.py)
     sft      cold-start SFT optimizer steps (train/sft.py)
     eval     evaluation of the first questions of the eval split, eval.samples each (evaluate.py)
     rl       RL steps (RLTrainer.step), split into generation and update
@@ -77,7 +77,7 @@ def child(phase: str, cache_dir: str, model_dir: str, count: int) -> dict:
     model, tokenizer = load_policy(cfg, task)
     if phase == "warmup":
         from aepo_rl.models import init_tiny_model
-        from aepo_rl.train.copy_warmup import copy_warmup, induction_circuit
+        from aepo_rl.models.copy_warmup import copy_warmup, induction_circuit
 
         fresh = init_tiny_model(cfg.model, tokenizer, 0)
         induction_circuit(fresh, 0)
@@ -130,7 +130,7 @@ def job_units(cache_dir: str) -> dict[str, int]:
     """How many units of each phase ``aepo train`` runs: warm-up steps (at least), SFT steps, evaluated
     questions (before and after RL), RL steps."""
     from aepo_rl.tasks import get_task
-    from aepo_rl.train.copy_warmup import CIRCUIT_STEPS
+    from aepo_rl.models.copy_warmup import CIRCUIT_STEPS
 
     cfg = job_config(cache_dir)
     task = get_task(cfg)

@@ -1,4 +1,4 @@
-"""The training forward pass (``aepo_rl/train/forward.py``): a shared prefix run once, and packed rows.
+"""The training forward pass (``aepo_rl/models/forward.py``): a shared prefix run once, and packed rows.
 
 Forward + backward + AdamW on the tiny default model (``model.tiny_*``), both ways side by side
 in one run, in alternating rounds:
@@ -26,20 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from aepo_rl.config import load_config
-from aepo_rl.train.copy_warmup import COPY_BATCH, copy_batch
-from aepo_rl.train.forward import decoder_hidden, lm_head, packed_hidden
+from aepo_rl.models.copy_warmup import COPY_BATCH, copy_batch
+from aepo_rl.models.forward import decoder_hidden, lm_head, packed_hidden
+from aepo_rl.models.tiny import tiny_config
 
 
 def tiny_model(cfg):
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    m = cfg.model
-    config = Qwen3Config(vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size,
-                         intermediate_size=m.tiny_intermediate_size, num_hidden_layers=m.tiny_num_layers,
-                         num_attention_heads=m.tiny_num_heads, num_key_value_heads=m.tiny_num_kv_heads,
-                         head_dim=m.tiny_head_dim, max_position_embeddings=m.tiny_max_positions,
-                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=1)
     torch.manual_seed(0)
+    config = tiny_config(cfg.model, cfg.model.tiny_vocab_size, eos_token_id=1, pad_token_id=0)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
 
 

@@ -33,6 +33,7 @@ import torch
 from aepo_rl.algorithms.rollout_correction import mismatch_metrics, to_floats
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import load_config
+from aepo_rl.models import tiny_config
 from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Example
 from aepo_rl.train.rl import RLTrainer, ScoredGroup, batched_logprobs, by_length, collate
@@ -137,16 +138,12 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     cfg = load_config(args.preset, overrides=args.overrides)
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
     m = cfg.model
-    config = Qwen3Config(vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size,
-                         intermediate_size=m.tiny_intermediate_size, num_hidden_layers=m.tiny_num_layers,
-                         num_attention_heads=m.tiny_num_heads, num_key_value_heads=m.tiny_num_kv_heads,
-                         head_dim=m.tiny_head_dim, max_position_embeddings=m.tiny_max_positions,
-                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=1)
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_config(tiny_config(m, m.tiny_vocab_size, eos_token_id=1, pad_token_id=0),
+                                            dtype=torch.float32)
     tokenizer = type("Tok", (), {"pad_token_id": 0})()
     groups = rollout_batch(cfg, m.tiny_vocab_size)
     batch = collate([t for g in groups for t in g.trajectories],

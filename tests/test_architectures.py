@@ -12,8 +12,7 @@ from aepo_rl.models import init_random_model, load_policy
 from aepo_rl.registry import UnknownNameError
 from aepo_rl.train import pipeline
 from aepo_rl.train.rl import RLTrainer
-from test_models import TextTask, tiny_cfg
-from test_rl import TINY_RL, VaryingRewardTask
+from helpers import TINY_RL, TextTask, VaryingRewardTask, tiny_cfg
 
 QWEN3_VOCAB = 151936
 
@@ -97,7 +96,7 @@ def test_a_random_model_is_saved_as_the_sft_model_and_later_stages_load_its_weig
                                                                                       monkeypatch):
     built = []
     original = models.init_random_model
-    monkeypatch.setattr(models, "init_random_model", lambda *a, **k: built.append(a[0]) or original(*a, **k))
+    monkeypatch.setattr(models.policy, "init_random_model", lambda *a, **k: built.append(a[0]) or original(*a, **k))
     cfg = tiny_cfg(tmp_path, **{"model.init": mini_architecture, "sft.epochs": 0})
     sft_dir = pipeline.run_sft_stage(cfg, tmp_path / "run", task=TextTask())
     assert sft_dir == str(tmp_path / "run" / "checkpoints" / "sft") and built == ["qwen3-mini"]

@@ -15,8 +15,7 @@ from aepo_rl.config import load_config
 from aepo_rl.models import save_policy
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.pipeline import run_rl_stage
-from conftest import build_tiny_model
-from test_rl import TINY_RL, VaryingRewardTask
+from helpers import TINY_RL, VaryingRewardTask, build_tiny_model
 
 
 def test_atomic_write_replaces_the_file_or_leaves_it_untouched(tmp_path, monkeypatch):
@@ -106,7 +105,7 @@ def _aepo_train(tmp_path):
     import subprocess
     import sys
 
-    from test_pipeline import TINY_PIPELINE
+    from helpers import TINY_PIPELINE
 
     overrides = [f"{k}={v}" for k, v in {**TINY_PIPELINE, "trainer.steps": 4, "trainer.tensorboard": False,
                                           "trainer.run_dir": str(tmp_path), "model.cache_dir": str(tmp_path / "cache")

@@ -75,7 +75,7 @@ def test_an_unwritable_run_folder_fails_before_the_run(capsys, tmp_path, monkeyp
 
 
 def test_eval_out_is_checked_before_evaluating(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("aepo_rl.tasks.get_task", lambda cfg: pytest.fail("evaluated"))
+    monkeypatch.setattr("aepo_rl.evaluate.get_task", lambda cfg: pytest.fail("evaluated"))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     code, err = run_main(capsys, "eval", "--out", blocker / "results.json")
@@ -145,7 +145,7 @@ def test_a_truncated_trainer_state_is_named(tmp_path):
 
 @pytest.mark.parametrize("command", ["sft", "train"])
 def test_data_without_demonstrations_fails_before_any_model_is_built(capsys, tmp_path, monkeypatch, command):
-    monkeypatch.setattr("aepo_rl.models.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr("aepo_rl.train.sft.load_policy", lambda *a, **k: pytest.fail("a model was built"))
     monkeypatch.setattr("aepo_rl.train.pipeline.load_policy", lambda *a, **k: pytest.fail("a model was built"))
     rows = write_lines(tmp_path / "rows.jsonl", ['{"question": "q", "answer": "a"}'])
     code, err = run_main(capsys, command, "task.name=file",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_pipeline import TINY_PIPELINE
+from helpers import TINY_PIPELINE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aepo_rl.train.copy_warmup import (COPY_LENGTHS, copy_batch, copy_warmup, induction_circuit, repeated_half,
+from aepo_rl.models.copy_warmup import (COPY_LENGTHS, copy_batch, copy_warmup, induction_circuit, repeated_half,
                                        repeated_half_accuracy)
 from tests.conftest import build_tiny_model
 
@@ -29,7 +29,7 @@ def test_copy_warmup_trains_deterministically_and_never_samples_special_tokens(t
         seen.append(set(pool.tolist()))
         return original(pool, batch_size, generator)
 
-    monkeypatch.setattr("aepo_rl.train.copy_warmup.copy_batch", spy)
+    monkeypatch.setattr("aepo_rl.models.copy_warmup.copy_batch", spy)
     first, second = build_tiny_model(tiny_tokenizer), build_tiny_model(tiny_tokenizer)
     before = [p.detach().clone() for p in first.parameters()]
     losses = copy_warmup(first, tiny_tokenizer, steps=3, seed=5)
@@ -64,7 +64,7 @@ def test_repeated_half_accuracy_scores_the_second_copy_after_its_first_token():
 
 
 def test_copy_warmup_stops_once_the_model_copies(tiny_tokenizer, monkeypatch):
-    monkeypatch.setattr("aepo_rl.train.copy_warmup.COPY_TARGET", 0.0)  # any model "copies"
+    monkeypatch.setattr("aepo_rl.models.copy_warmup.COPY_TARGET", 0.0)  # any model "copies"
     model = build_tiny_model(tiny_tokenizer)
     before = [p.detach().clone() for p in model.parameters()]
     assert copy_warmup(model, tiny_tokenizer, steps=50, seed=5) == []

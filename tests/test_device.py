@@ -12,13 +12,10 @@ from aepo_rl import models
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import enable_gradient_checkpointing, load_policy, model_device, resolve_device
-from aepo_rl.train.forward import recomputes_layers
+from aepo_rl.models.forward import recomputes_layers
 from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft import run_sft
-from conftest import build_tiny_model
-from test_models import TextTask, tiny_cfg
-from test_rl import TINY_RL, VaryingRewardTask
-from test_sft import demo
+from helpers import TINY_RL, TextTask, VaryingRewardTask, build_tiny_model, demo, tiny_cfg
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
@@ -53,7 +50,7 @@ def test_a_gpu_torch_does_not_see_is_an_error_naming_the_key(monkeypatch):
 
 def test_load_policy_puts_the_model_on_the_resolved_device_with_checkpointing_as_asked(tmp_path, monkeypatch):
     placed = []
-    monkeypatch.setattr(models, "resolve_device", lambda name: placed.append(name) or torch.device("cpu"))
+    monkeypatch.setattr(models.policy, "resolve_device", lambda name: placed.append(name) or torch.device("cpu"))
     model, _ = load_policy(tiny_cfg(tmp_path, **{"trainer.device": "cpu"}), TextTask())
     assert placed == ["cpu"] and model_device(model) == torch.device("cpu")
     assert not recomputes_layers(model.train())
@@ -90,7 +87,7 @@ def test_auto_on_a_machine_without_gpu_gives_the_cpu_numbers_exactly(tiny_tokeni
 
 def test_an_rl_step_and_sft_with_gradient_checkpointing_match_the_plain_ones(tiny_tokenizer):
     """Same rollout, and an update equal up to float summation order (the rows run whole instead of
-    sharing their prefix, train/forward.py)."""
+    sharing their prefix, models/forward.py)."""
     results = []
     for checkpointing in (False, True):
         cfg = load_config(overrides=TINY_RL)

@@ -37,7 +37,7 @@ import pytest
 from aepo_rl import cli, registry
 from aepo_rl.train.checkpoint import save_checkpoint
 
-from conftest import _trl_missing
+from helpers import _trl_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -12,53 +11,7 @@ from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.sampling import release_top10_proxy, sample_tokens, token_statistics
 
-
-class Recorder:
-    """Drives an engine and remembers, per sequence, each generated position and its statistics."""
-
-    def __init__(self, engine: HFEngine):
-        self.engine = engine
-        self.records: dict[int, list[tuple[int, int, float, float, float]]] = {}
-
-    def add(self, ids):
-        seq = self.engine.add_sequence(ids)
-        self.records[seq] = []
-        return seq
-
-    def fork(self, seq):
-        child = self.engine.fork(seq)
-        self.records[child] = list(self.records[seq])
-        return child
-
-    def generate(self, seqs, budgets, params=SamplingParams()):
-        starts = [len(self.engine.token_ids(s)) for s in seqs]
-        segments = self.engine.generate(seqs, params, budgets)
-        for seq, start, seg in zip(seqs, starts, segments):
-            for k, tok in enumerate(seg.token_ids):
-                self.records[seq].append((start + k, tok, seg.logprobs[k], seg.entropies[k], seg.top10_entropies[k]))
-        return segments
-
-    def max_error(self, model, seq) -> float:
-        """Largest |engine − full forward| over log-probs, entropies and top-10 proxies of ``seq``."""
-        ids = self.engine.token_ids(seq)
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].float()
-        logp = torch.log_softmax(logits, -1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        top, top_ids = logp.topk(10, -1)
-        top10 = -(top.exp() * top).sum(-1)
-        worst = 0.0
-        for pos, tok, lp, ent, t10 in self.records[seq]:
-            assert ids[pos] == tok
-            sampled = logp[pos - 1, tok]  # the release proxy adds the sampled token when outside the top 10
-            expected = top10[pos - 1] + (0.0 if tok in top_ids[pos - 1] else -(sampled.exp() * sampled))
-            worst = max(worst, abs(sampled.item() - lp), abs(entropy[pos - 1].item() - ent),
-                        abs(float(expected) - t10))
-        return worst
-
-
-def encode(tok, text):
-    return tok.encode(text, add_special_tokens=False)
+from helpers import Recorder, encode
 
 
 def test_satisfies_protocol(tiny_model, tiny_tokenizer):
@@ -118,17 +71,6 @@ def test_seeded_runs_reproduce(tiny_model, tiny_tokenizer):
 
     assert run(7) == run(7)
     assert run(7) != run(8)
-
-
-@pytest.fixture(scope="module")
-def untied_model(tiny_model):
-    """The tiny Qwen3 with an untied output layer: its greedy text varies (the tied one repeats its input)."""
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(tiny_model.config)
-    config.tie_word_embeddings = False
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def _greedy(model, tok, prompt, n, stop=()):
@@ -219,7 +161,7 @@ def test_prefill_counts_each_unique_context_token_once(tiny_model, tiny_tokenize
 
 
 def test_bf16_generation_tracks_full_forward(tiny_tokenizer):
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, dtype=torch.bfloat16)
     rec = Recorder(HFEngine(model, tiny_tokenizer, seed=0))
@@ -246,7 +188,7 @@ def test_finished_rows_leave_the_batch(tiny_model, tiny_tokenizer):
 
 
 def test_model_mode_is_restored(tiny_tokenizer):
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer).train()
     engine = HFEngine(model, tiny_tokenizer)

@@ -17,48 +17,9 @@ from aepo_rl.engines.openai import OpenAIEngine, top_k_proxy
 from aepo_rl.engines.vllm import vllm_available
 from aepo_rl.errors import EndpointError, MissingExtraError
 
-TOP = {"token_id:1": -0.5, "token_id:2": -1.5, "token_id:3": -2.5}
+from helpers import TOP, FakeServer, make_engine
+
 """The fake server's top_logprobs at every position."""
-
-
-class FakeServer:
-    """A vLLM-like /v1/completions: replies with ``reply`` (truncated at a stop string or max_tokens)."""
-
-    def __init__(self, tokenizer, reply: str, token_ids_in_output: bool = True, accepts_token_prompts: bool = True):
-        self.tokenizer = tokenizer
-        self.reply = tokenizer.encode(reply, add_special_tokens=False)
-        self.token_ids_in_output = token_ids_in_output
-        self.accepts_token_prompts = accepts_token_prompts
-        self.bodies: list[dict] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/v1/completions"
-        body = json.loads(request.content)
-        self.bodies.append(body)
-        if isinstance(body["prompt"], list) and not self.accepts_token_prompts:
-            return httpx.Response(400, json={"error": "prompt must be a string"})
-        tokens, finish, stop_reason = self.reply[:body["max_tokens"]], "length", None
-        for k in range(1, len(tokens) + 1):
-            hit = next((s for s in body.get("stop", []) if s in self.tokenizer.decode(tokens[:k])), None)
-            if hit is not None:
-                tokens, finish, stop_reason = tokens[:k], "stop", hit
-                break
-        if finish == "length" and len(tokens) < body["max_tokens"]:
-            finish = "stop"  # the reply ended: EOS
-        names = [f"token_id:{t}" if self.token_ids_in_output else self.tokenizer.decode([t]) for t in tokens]
-        choice = {"index": 0, "text": self.tokenizer.decode(tokens), "finish_reason": finish,
-                  "stop_reason": stop_reason,
-                  "logprobs": {"tokens": names, "token_logprobs": [-0.25 * (i + 1) for i in range(len(tokens))],
-                               "top_logprobs": [dict(TOP) for _ in tokens]}}
-        prompt_tokens = len(body["prompt"]) if isinstance(body["prompt"], list) else 7
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens),
-                 "prompt_tokens_details": {"cached_tokens": 2}}
-        return httpx.Response(200, json={"choices": [choice], "usage": usage})
-
-
-def make_engine(tokenizer, server, **kwargs):
-    client = httpx.Client(transport=httpx.MockTransport(server))
-    return OpenAIEngine("http://fake:8000/v1/", "policy", tokenizer, http_client=client, **kwargs)
 
 
 def proxy(k):

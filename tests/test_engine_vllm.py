@@ -18,21 +18,11 @@ from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import save_policy
 
+from helpers import build_qwen3
+
 pytestmark = pytest.mark.vllm
 
 TOL = 1e-4
-
-
-def build_qwen3(tokenizer, seed: int = 0):
-    """A tiny random Qwen3 that vLLM's CPU backend runs (head_dim 32); peaky enough for stable argmaxes."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, initializer_range=0.2,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
 def free_vllm(engine) -> None:

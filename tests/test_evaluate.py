@@ -176,22 +176,20 @@ def test_score_groups_rejects_a_group_of_the_wrong_size():
 
 @pytest.fixture
 def fake_policy_stack(monkeypatch, scripted_rollout, tiny_tokenizer):
-    """get_task / load_policy / build_engine replaced by fakes; returns what they were called with."""
-    import aepo_rl.engines
-    import aepo_rl.models
-    import aepo_rl.tasks
+    """get_task / load_policy / build_engine replaced by fakes (where `aepo eval` uses them); returns what they
+    were called with."""
+    import aepo_rl.evaluate
 
     seen = {}
     scripted_rollout([2, 0, 1])
-    monkeypatch.setattr(aepo_rl.tasks, "get_task", lambda cfg: FakeTask(3), raising=False)
+    monkeypatch.setattr(aepo_rl.evaluate, "get_task", lambda cfg: FakeTask(3))
     def load_policy(cfg, task):
         seen["cfg"] = cfg
         return "model", tiny_tokenizer
 
-    monkeypatch.setattr(aepo_rl.models, "load_policy", load_policy)
-    monkeypatch.setattr(aepo_rl.engines, "build_engine",
-                        lambda cfg, model, tok: seen.setdefault("engine", SimpleNamespace(tokenizer=tok, model=model)),
-                        raising=False)
+    monkeypatch.setattr(aepo_rl.evaluate, "load_policy", load_policy)
+    monkeypatch.setattr(aepo_rl.evaluate, "build_engine",
+                        lambda cfg, model, tok: seen.setdefault("engine", SimpleNamespace(tokenizer=tok, model=model)))
     return seen
 
 
@@ -223,13 +221,13 @@ def test_aepo_eval_command_puts_its_options_into_the_config(fake_policy_stack, t
 def test_eval_main_on_an_openai_compatible_endpoint(fake_policy_stack, monkeypatch, tiny_tokenizer):
     import transformers
 
-    import aepo_rl.engines.openai
+    import aepo_rl.evaluate
 
     built = []
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda path: tiny_tokenizer if path == "Qwen/Qwen3-8B" else None)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    monkeypatch.setattr(aepo_rl.engines.openai, "OpenAIEngine",
+    monkeypatch.setattr(aepo_rl.evaluate, "OpenAIEngine",
                         lambda url, model, tok, api_key, seed: built.append((url, model, tok, api_key, seed))
                         or SimpleNamespace(tokenizer=tok))
     cfg = load_config(overrides=["model.path=Qwen/Qwen3-8B", "rollout.seed=3"])

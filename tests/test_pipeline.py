@@ -12,15 +12,8 @@ from aepo_rl.errors import UserError
 from aepo_rl.api import train_main
 from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage
 
-TINY_PIPELINE = {
-    "task.num_train": 8, "task.num_dev": 2, "task.num_test": 2, "task.num_demonstrations": 8,
-    "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1, "model.tiny_intermediate_size": 64,
-    "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
-    "model.tiny_copy_steps": 2, "sft.epochs": 1, "sft.batch_size": 8, "rollout.n": 2, "rollout.max_response_length": 32,
-    "rollout.max_tokens_per_round": 12, "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2,
-    "trainer.mini_batch_size": 1, "trainer.micro_batch_size": 2, "trainer.steps": 2, "trainer.rollouts_to_save": 3,
-    "eval.samples": 2, "trainer.run_name": "tiny",
-}
+from helpers import TINY_PIPELINE
+
 METRIC_NAMES = ["step", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
                 "actor/entropy", "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
                 "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",

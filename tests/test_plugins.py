@@ -23,7 +23,7 @@ from aepo_rl.tasks import get_task
 from aepo_rl.api import train_main
 from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import RLTrainer
-from conftest import build_tiny_model
+from helpers import build_tiny_model
 from fakes import FakeEngine
 
 PLUGINS = Path(__file__).resolve().parents[1] / "examples" / "plugins"

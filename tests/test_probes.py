@@ -14,30 +14,13 @@ from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.entropy import premonitor_global_samples
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
-from aepo_rl.tasks.base import Example
-from conftest import build_tiny_model
-from fakes import EchoSearch, FakeEngine
+from fakes import FakeEngine
+from helpers import VaryingRewardTask, build_tiny_model
 
 
-class ToolTask:
-    """Questions answered with \\boxed{x} after a few searches (scripted by the fake engine); ``reward`` and
-    ``correct`` depend on the response length, so groups of the tiny model get distinct scores."""
-
-    name = "fake"
-
-    def __init__(self, count: int = 6):
-        self._examples = [Example(id=f"q{i}", question=f"question {i}", answers=["x"], data_source="fake",
-                                  messages=[{"role": "user", "content": f"Velmora question {i}?"}])
-                          for i in range(count)]
-
-    def examples(self, split):
-        return self._examples
-
-    def tools(self):
-        return {"search": EchoSearch()}
-
-    def reward(self, example, response_text):
-        return float(len(response_text) % 3) / 2
+class ToolTask(VaryingRewardTask):
+    """Questions answered with \\boxed{x} after a few searches (scripted by the fake engine); the reward depends on
+    the response length, so groups of the tiny model get distinct scores; ``correct`` is the boxed answer."""
 
     def correct(self, example, response_text):
         return "\\boxed{x}" in response_text
@@ -165,7 +148,7 @@ def test_fork_choice_children_continue_the_parent_prefix(tiny_tokenizer, monkeyp
     def spy(engine, trajectories, tools, cfg, **kw):
         seen.extend((t.parent_id, t.fork_token_index, list(t.response_token_ids)) for t in trajectories)
         original(engine, trajectories, tools, cfg, **kw)
-    monkeypatch.setattr(tree, "continue_rollout", spy)
+    monkeypatch.setattr(probes, "continue_rollout", spy)
     engine = FakeEngine(tiny_tokenizer, searches_then_answer(tiny_tokenizer, 2))
     result = probes.run_probe("fork-choice", config(), ToolTask(2), engine,
                               probes.ProbeOptions(prompts=2, seeds=1, children=3))
@@ -266,9 +249,7 @@ def test_objective_gradient_matches_a_finite_difference(tiny_tokenizer):
     (["probe", "fork-choice", "trainer.run_dir=/nonexistent"], "aepo probe measures a trained policy: pass --model"),
 ])
 def test_bad_input_fails_before_any_model(argv, message, capsys, monkeypatch):
-    from aepo_rl import models
-
-    monkeypatch.setattr(models, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(probes, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(argv) == 2
     assert message in capsys.readouterr().err
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from aepo_rl.config import RolloutConfig
+from aepo_rl.integrations.verl.reward import compute_score
 from aepo_rl.protocol import Protocol, format_error, model_text, token_tags, tools_used, xml_call_tags
-from aepo_rl.rewards import compute_score, deep_research_reward, get_reward
+from aepo_rl.rewards import deep_research_reward, get_reward
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.common import SYSTEM_PROMPT, system_prompt
 from aepo_rl.tools import get_tool, register_tool

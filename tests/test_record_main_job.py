@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_pipeline import TINY_PIPELINE
+from helpers import TINY_PIPELINE
 
 RECORDERS = Path(__file__).parents[1] / "lab" / "recorders"
 sys.path.insert(0, str(RECORDERS))

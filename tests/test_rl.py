@@ -10,24 +10,15 @@ import pytest
 import torch
 
 from aepo_rl import algorithms
-from aepo_rl.algorithms.advantages import anchor_keys
+from aepo_rl.train.rl import anchor_keys
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
-from aepo_rl.rollout.trajectory import Round, Trajectory
-from aepo_rl.tasks.base import Example
+from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.train import rl as rl_module
 from aepo_rl.train.rl import (Batch, DataOrder, FixedTensors, RLTrainer, accumulate_gradients, batched_logprobs,
                               build_optimizer, collate, last_token_rewards, recorded, response_logprobs)
-from conftest import build_tiny_model
-from fakes import EchoSearch
-
-
-def make_traj(prompt, response, mask, rounds=(), traj_id=0, parent_id=None):
-    return Trajectory(prompt_id="p", traj_id=traj_id, parent_id=parent_id, fork_token_index=None,
-                      prompt_token_ids=list(prompt), response_token_ids=list(response), loss_mask=list(mask),
-                      logprobs=[0.0] * len(response), entropies=[0.0] * len(response),
-                      rounds=[Round(start=s, end=e, step_entropy=0.0) for s, e in rounds])
+from helpers import TINY_RL, VaryingRewardTask, build_tiny_model, make_traj, _random_fixed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,13 +168,6 @@ def _grads(model) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _random_fixed(batch: Batch, seed: int = 0) -> FixedTensors:
-    g = torch.Generator().manual_seed(seed)
-    shape = batch.response_mask.shape
-    return FixedTensors(old_log_probs=-torch.rand(shape, generator=g) * 3, old_entropy=torch.rand(shape, generator=g),
-                        advantages=torch.randn(shape, generator=g))
-
-
 def _accumulated(model, batch, fixed, cfg) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
     accumulate_gradients(model, batch, torch.arange(batch.num_rows), fixed, cfg,
@@ -286,38 +270,6 @@ def test_masked_tokens_get_no_gradient(tiny_tokenizer, tiny_model):
 # Every preset: two RL steps with the tiny model and a small fake task
 
 
-class VaryingRewardTask:
-    """Six questions; the reward depends on the response length, so groups get distinct scores."""
-
-    name = "fake"
-
-    def __init__(self):
-        self._examples = [Example(id=f"q{i}", question=f"question {i}", answers=["x"], data_source="fake",
-                                  messages=[{"role": "user", "content": f"Velmora question {i}?"}])
-                          for i in range(6)]
-
-    def examples(self, split):
-        return self._examples
-
-    def tools(self):
-        return {"search": EchoSearch()}
-
-    def reward(self, example, response_text):
-        return float(len(response_text) % 3) / 2
-
-    def correct(self, example, response_text):
-        return len(response_text) % 3 == 2
-
-    def demonstrations(self):
-        return []
-
-    def texts(self):
-        return []
-
-
-TINY_RL = {"rollout.n": 2, "trainer.batch_size": 2, "trainer.mini_batch_size": 1, "trainer.micro_batch_size": 1,
-           "trainer.steps": 2, "rollout.max_response_length": 24, "rollout.max_tokens_per_round": 8,
-           "rollout.premonitor_probe_tokens": 4, "trainer.lr": 1e-2}
 STEP_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",
                 "response_length/mean", "num_turns/mean", "tool_call_counts/mean", "timing_s/gen",

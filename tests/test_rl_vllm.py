@@ -12,8 +12,7 @@ import pytest
 from aepo_rl.config import load_config
 from aepo_rl.models import save_policy
 from aepo_rl.train.pipeline import check_rl_engine, run_rl_stage
-from test_engine_vllm import build_qwen3
-from test_rl import VaryingRewardTask
+from helpers import VaryingRewardTask, build_qwen3
 
 pytestmark = pytest.mark.vllm
 

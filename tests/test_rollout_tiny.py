@@ -11,61 +11,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3ForCausalLM
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.tree import run_rollout
 
 from fakes import EchoSearch
-
-
-class SteeredQwen3(Qwen3ForCausalLM):
-    def forward(self, input_ids=None, cache=None, logits_to_keep=0, **kwargs):
-        out = super().forward(input_ids=input_ids, cache=cache, logits_to_keep=logits_to_keep, **kwargs)
-        k = out.logits.shape[1]
-        out.logits = out.logits + self.steering[input_ids[:, -k:]]
-        return out
-
-
-def steer(model, tok) -> SteeredQwen3:
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<search>", "</search>", "<answer>", "</answer>",
-                                                      "</think>", "</result>", "<result>")}
-    vocab = model.config.vocab_size
-    tags = [tok.convert_tokens_to_ids(t) for t in tok.get_added_vocab()] + [tok.eos_token_id]
-    bias = torch.zeros(vocab, vocab)
-    bias[:, ids["</search>"]] = 2.5
-    bias[:, ids["</answer>"]] = 1.0
-    bias[:, ids["<result>"]] = -1e4                     # the model never writes results
-    for opener in ("</think>", "</result>"):
-        bias[ids[opener]] = -1e4
-        bias[ids[opener], ids["<search>"]] = 30.0
-        bias[ids[opener], ids["<answer>"]] = 28.6       # ≈ 20 % answers straight away
-    for opened in ("<search>", "<answer>"):
-        bias[ids[opened], tags] = -1e4                  # a body comes first
-    steered = SteeredQwen3(model.config)
-    steered.load_state_dict(model.state_dict())
-    steered.register_buffer("steering", bias, persistent=False)
-    return steered.eval()
+from helpers import CFG, _prompts, steer
 
 
 @pytest.fixture(scope="module")
 def steered(tiny_model, tiny_tokenizer):
     return steer(tiny_model, tiny_tokenizer)
-
-
-def _prompts(tok, k):
-    out = []
-    for i in range(k):
-        ids = tok.apply_chat_template([{"role": "user", "content": f"who founded Velmora {i}?"}],
-                                      add_generation_prompt=True, tokenize=True)["input_ids"]
-        out.append((f"q{i}", list(ids) + [tok.convert_tokens_to_ids("<think>"), 60 + i,
-                                          tok.convert_tokens_to_ids("</think>")]))
-    return out
-
-
-CFG = dict(n=4, max_response_length=64, max_tokens_per_round=16, max_tool_response_tokens=6, call_limit=3,
-           premonitor_probe_tokens=8)
 
 
 @pytest.mark.parametrize("mode, segment, scope", [("aepo", "latest", "path"), ("aepo", "previous", "prompt_round"),

@@ -223,7 +223,7 @@ def test_an_engine_that_does_not_declare_an_option_is_refused(tiny_model, tiny_t
 
 def test_openai_engine_sends_the_options_as_vllm_extensions_and_names_them_when_refused(tiny_tokenizer):
     import httpx
-    from test_engine_openai import FakeServer, make_engine
+    from helpers import FakeServer, make_engine
 
     from aepo_rl.errors import EndpointError
 

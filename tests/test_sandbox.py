@@ -397,7 +397,7 @@ def test_aepo_eval_refuses_in_one_line_before_any_model(monkeypatch, capsys):
     from aepo_rl.cli import main
 
     _no_private_root(monkeypatch)
-    monkeypatch.setattr("aepo_rl.models.load_policy", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr("aepo_rl.evaluate.load_policy", lambda *a, **k: pytest.fail("a model was built"))
     assert main(["eval", "eval.num_questions=2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("aepo: python sandbox: no private root can be built here") and err.count("\n") == 1

@@ -12,20 +12,9 @@ import torch.nn.functional as F
 
 from aepo_rl.config import load_config
 from aepo_rl.models import encode_prompt
-from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy, trained_logits,
                                tokenize_demonstration)
-
-PIECES = [("<think>find it</think> <search>Velmora founder</search>", True),
-          (" <result>\nPage 1: Velmora was founded by Ada Korrin.\n</result>", False),
-          (" <answer>\\boxed{Ada Korrin}</answer>", True)]
-
-
-def demo(question: str = "Who founded Velmora?", pieces=PIECES) -> Demonstration:
-    messages = [{"role": "system", "content": "Answer as <answer>\\boxed{x}</answer>."},
-                {"role": "user", "content": question}]
-    example = Example(id="q0", question=question, answers=["Ada Korrin"], data_source="synthetic", messages=messages)
-    return Demonstration(example=example, pieces=list(pieces))
+from helpers import PIECES, demo
 
 
 def test_prompt_and_tool_result_tokens_have_mask_zero(tiny_tokenizer):

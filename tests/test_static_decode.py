@@ -18,30 +18,7 @@ from aepo_rl.engines.static import COLUMN_BUCKET, decode_path, row_bucket
 from aepo_rl.rollout.tree import run_rollout
 
 from fakes import EchoSearch
-from test_engine_hf import Recorder, encode, untied_model  # noqa: F401 (a fixture)
-from test_rollout_tiny import CFG, _prompts, steer
-
-
-def script(engine: HFEngine, tok, params: SamplingParams):
-    """Tool rounds, forks before and after generation and after a tool result, ragged budgets, a
-    stop string, a fresh prompt next to cached rows, a context past one column bucket. Returns the
-    Recorder and every segment in call order."""
-    rec, segments = Recorder(engine), []
-    a = rec.add(encode(tok, "<think>I need to find who founded Velmora.</think>"))
-    b = rec.add(encode(tok, "The quick"))
-    a_early = rec.fork(a)
-    segments += rec.generate([a, b, a_early], [7, 12, 4], params)
-    engine.append(a, encode(tok, " <result>\nPage 1: Velmora was founded in 1874.\n</result>"))
-    c, b_mid = rec.fork(a), rec.fork(b)
-    segments += rec.generate([c, b, a, b_mid], [5, 3, 9, 6], params)
-    engine.append(c, encode(tok, " <result>\n150\n</result>") * 60)  # past COLUMN_BUCKET columns
-    engine.append(a_early, encode(tok, " <python>print(1)</python>"))
-    d = rec.fork(c)
-    late = rec.add(encode(tok, "Ada"))
-    segments += rec.generate([d, a_early, late, c, b], [8, 5, 6, 2, 11], params)
-    many = [rec.fork(late) for _ in range(5)]  # 6 rows, then 1: the batch shrinks to a smaller bucket
-    segments += rec.generate([late, *many], [12, 1, 2, 1, 3, 1], params)
-    return rec, segments
+from helpers import CFG, _prompts, encode, script, steer
 
 
 def bucket_shapes(engine: HFEngine) -> HFEngine:
@@ -181,7 +158,7 @@ def test_capture_safety_proxy_catches_a_host_sync(tiny_model, tiny_tokenizer):
 
 
 def test_replaced_parameters_drop_the_steps_in_place_updates_keep_them(tiny_tokenizer):
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, seed=4)
     engine = bucket_shapes(HFEngine(model, tiny_tokenizer, seed=0, cuda_graphs="on"))

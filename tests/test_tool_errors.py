@@ -17,7 +17,7 @@ from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example
 from aepo_rl.tools import PythonSandbox, SearchTool, ToolError
 
-from conftest import build_tiny_model
+from helpers import build_tiny_model
 from fakes import EchoSearch, FakeEngine
 
 WARNING = "of the tool calls failed"
@@ -198,14 +198,11 @@ def test_evaluation_results_report_tool_errors(tiny_tokenizer):
 
 @pytest.mark.parametrize("share, warnings", [("0.5", 1), ("1", 0)])
 def test_aepo_eval_warns_once_when_tool_errors_pass_the_threshold(monkeypatch, tiny_tokenizer, caplog, share, warnings):
-    import aepo_rl.engines
-    import aepo_rl.models
-    import aepo_rl.tasks
+    import aepo_rl.evaluate
 
-    monkeypatch.setattr(aepo_rl.tasks, "get_task", lambda cfg: DeadSearchTask(dead_url()), raising=False)
-    monkeypatch.setattr(aepo_rl.models, "load_policy", lambda cfg, task: ("model", tiny_tokenizer))
-    monkeypatch.setattr(aepo_rl.engines, "build_engine",
-                        lambda cfg, model, tok: FakeEngine(tok, searches_then_answer(2)), raising=False)
+    monkeypatch.setattr(aepo_rl.evaluate, "get_task", lambda cfg: DeadSearchTask(dead_url()))
+    monkeypatch.setattr(aepo_rl.evaluate, "load_policy", lambda cfg, task: ("model", tiny_tokenizer))
+    monkeypatch.setattr(aepo_rl.evaluate, "build_engine", lambda cfg, model, tok: FakeEngine(tok, searches_then_answer(2)))
     cfg = load_config(overrides=["eval.samples=2", "eval.batch_size=1", f"rollout.tool_error_warn_share={share}"])
     with caplog.at_level(logging.WARNING):
         assert eval_main(cfg) == 0

@@ -16,6 +16,7 @@ from aepo_rl.rollout.metrics import subtree_roots
 from aepo_rl.rollout.tree import run_rollout
 
 from fakes import EchoSearch, FakeEngine
+from helpers import ScriptedUniforms, calls_then_answer, tree_cfg as cfg, tree_prompts as prompts, tree_tools as tools
 
 
 class RaisingTool(EchoSearch):
@@ -31,38 +32,6 @@ class BlockingTool(EchoSearch):
     def run(self, arg):
         self.gate.wait(5)
         return "late"
-
-
-def calls_then_answer(calls: int, entropy=1.0):
-    """Rounds 0..calls-1 search (distinct queries), then answer."""
-    def script(seq):
-        h = entropy(seq) if callable(entropy) else entropy
-        return (f"<search>q{seq.rounds}</search>" if seq.rounds < calls else "<answer>\\boxed{x}</answer>"), h
-    return script
-
-
-class ScriptedUniforms:
-    """The draws U ~ Uniform(0, 1) of §1.4 from a fixed list, in place of the controller's seeded generator."""
-
-    def __init__(self, draws):
-        self.draws = iter(draws)
-
-    def random(self) -> float:
-        return next(self.draws)
-
-
-def cfg(**kw) -> RolloutConfig:
-    base = dict(n=4, global_samples=1, entropy_segment="previous", max_response_length=512, call_limit=10)
-    base.update(kw)
-    return RolloutConfig(**base)
-
-
-def prompts(tok, k=1):
-    return [(f"p{i}", tok.encode(f"question {i}", add_special_tokens=False)) for i in range(k)]
-
-
-def tools():
-    return {"search": EchoSearch()}
 
 
 # --- §1.4 branch probability -------------------------------------------------------------

@@ -21,9 +21,8 @@ import torch
 from aepo_rl.algorithms import entropy_from_logits, get_policy_loss
 from aepo_rl.config import AlgorithmConfig
 
-from conftest import build_tiny_model
+from helpers import build_tiny_model, steer
 from fakes import EchoSearch
-from test_rollout_tiny import steer
 
 pytestmark = pytest.mark.trl
 

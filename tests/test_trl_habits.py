@@ -15,7 +15,7 @@ from aepo_rl.hf_callbacks import trl_logs
 from aepo_rl.rewards import RewardFunctionError, RewardSetupError, WeightedRewards
 from aepo_rl.tasks.loaders import DatasetError
 
-from conftest import build_tiny_model
+from helpers import build_tiny_model
 
 datasets = pytest.importorskip("datasets", reason="the [dev] extra installs datasets")
 transformers = pytest.importorskip("transformers")

@@ -20,7 +20,7 @@ from aepo_rl.engines.base import SamplingParams  # noqa: E402
 from aepo_rl.engines.hf import HFEngine  # noqa: E402
 
 from fakes import EchoSearch  # noqa: E402
-from test_rollout_tiny import SteeredQwen3, steer  # noqa: E402
+from helpers import SteeredQwen3, steer  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
 N = 4

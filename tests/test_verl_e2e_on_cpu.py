@@ -62,7 +62,7 @@ ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token", "algorith
 def tiny_checkpoint(path: Path) -> Path:
     """A tiny random Qwen3 and its tokenizer, saved the way verl loads a model. The chat template's
     generation prompt closes a think block, so the (steered) model opens a search at once."""
-    from conftest import build_tiny_model, build_tiny_tokenizer
+    from helpers import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     tok.chat_template = tok.chat_template.replace("<|im_start|>assistant\n{% endif %}",

@@ -8,18 +8,13 @@ same id are the n trajectories of one prompt). Tokens with mask 0 get advantage 
 
 from __future__ import annotations
 
-import hashlib
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import Hashable, Sequence
 
-import numpy as np
 import torch
 
 from ..config import AlgorithmConfig
 from ..registry import ADVANTAGE_ESTIMATORS, register_advantage_estimator
 from .tensors import check_tensors, group_ids, group_mean_std, masked_whiten
-
-if TYPE_CHECKING:
-    from ..rollout.trajectory import Trajectory
 
 # ε in (R − mean) / (std + ε) (§2.1, as verl).
 GROUP_STD_EPS = 1e-6
@@ -135,7 +130,7 @@ def gigpo_advantage(token_level_rewards, response_mask, index, config=None, *,
 
     A_episode is GRPO's (respecting ``norm_adv_by_std``). ``anchor_keys`` [batch, response_len]
     (long; −1 = no anchor) assigns each token the state it acts from: a key identifies one
-    identical token prefix ending at a tool result (see :func:`anchor_keys`). The step group of
+    identical token prefix ending at a tool result (:func:`aepo_rl.train.rl.anchor_keys`). The step group of
     key k is the set of trajectories having a token with key k; a token's step advantage is its
     trajectory's R normalized within that group ((R_i − mean)/(std + 1e-6)). Tokens without an
     anchor, and anchors reached by a single trajectory (nothing to compare), get A_step = 0.
@@ -159,26 +154,3 @@ def gigpo_advantage(token_level_rewards, response_mask, index, config=None, *,
         step[rows, cols] = torch.where(count[key] > 1, value, torch.zeros_like(value))
     adv = torch.where(mask, episode[:, None] + cfg.gigpo_step_weight * step, 0.0)
     return adv, adv
-
-
-def anchor_keys(trajectories: Sequence[Trajectory], group_index: Sequence[int], response_length: int) -> torch.Tensor:
-    """GiGPO anchor state of every response token (§4), [B, R] int64; −1 = no anchor (padding).
-
-    A state is an identical token prefix ending at a tool result (or the bare prompt for the
-    first round): the tokens of round k get the hash of (group, prompt + response tokens before
-    round k). Trajectories forked from one another share those prefixes, so their rounds fall
-    into the same anchor group. Hashes are computed incrementally, once per round.
-    """
-    keys = torch.full((len(trajectories), response_length), -1, dtype=torch.long)
-    for row, (traj, group) in enumerate(zip(trajectories, group_index)):
-        digest = hashlib.blake2b(np.asarray([group] + traj.prompt_token_ids, dtype=np.int64).tobytes(),
-                                 digest_size=8)
-        hashed_up_to = 0
-        starts = [r.start for r in traj.rounds] or [0]
-        for k, start in enumerate(starts):
-            digest.update(np.asarray(traj.response_token_ids[hashed_up_to:start], dtype=np.int64).tobytes())
-            hashed_up_to = start
-            key = int.from_bytes(digest.copy().digest(), "little") & (2**63 - 1)
-            end = starts[k + 1] if k + 1 < len(starts) else len(traj.response_token_ids)
-            keys[row, start:end] = key
-    return keys

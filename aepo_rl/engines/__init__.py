@@ -5,9 +5,16 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 
+from aepo_rl.config import ConfigError, vllm_compilation_config
 from aepo_rl.engines.base import GenerationEngine, SamplingParams, Segment
 from aepo_rl.registry import ENGINES, register_engine
+
+# Each factory imports its engine where it builds one: config validation reads the registry's names and
+# capabilities (this module) and must not load torch, transformers or vLLM.
 
 __all__ = ["GenerationEngine", "SamplingParams", "Segment", "build_engine", "check_entropy_measure",
            "check_logprobs_mode", "check_sampling_options", "register_engine"]
@@ -28,8 +35,6 @@ def build_engine(cfg, model, tokenizer) -> GenerationEngine:
 def check_sampling_options(cfg) -> None:
     """Refuse, before any work, a ``rollout.<option>`` of :data:`SAMPLING_OPTIONS` set on an engine that did
     not declare it in its ``sampling`` capability (it would sample without it, silently)."""
-    from aepo_rl.config import ConfigError
-
     honoured = ENGINES.capabilities(cfg.rollout.engine)["sampling"]
     unsupported = [name for name, off in SAMPLING_OPTIONS.items()
                    if getattr(cfg.rollout, name) != off and name not in honoured]
@@ -58,8 +63,6 @@ def check_entropy_measure(cfg) -> None:
     """Refuse, before any work, a tree rollout whose engine cannot give ``rollout.entropy_measure``
     (§1.2): the branching and pre-monitoring decisions would read another quantity. Independent
     rollouts (``rollout.mode=independent``, evaluation) make no entropy decision and pass."""
-    from aepo_rl.config import ConfigError
-
     rollout = cfg.rollout
     supported = ENGINES.capabilities(rollout.engine)["entropies"]
     if rollout.mode != "independent" and rollout.entropy_measure not in supported:
@@ -115,11 +118,6 @@ def vllm_engine(cfg, model, tokenizer) -> GenerationEngine:
     """In-process vLLM (``pip install -e ".[vllm]"``) over a copy of ``model`` saved to a temporary folder;
     the RL trainer pushes its weights after every optimizer step (``sync_weights``). Its ``entropies``
     are a top-20 proxy, not the full entropy."""
-    import shutil
-    import tempfile
-    import weakref
-
-    from aepo_rl.config import vllm_compilation_config
     from aepo_rl.engines.stops import eos_token_ids
     from aepo_rl.engines.vllm import VLLMEngine, import_vllm
     from aepo_rl.models import save_policy

@@ -10,8 +10,11 @@ from rich.table import Table
 from rich.tree import Tree
 
 from aepo_rl.config import Config
+from aepo_rl.engines import build_engine, check_entropy_measure
+from aepo_rl.models import encode_prompt, load_policy
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutResult, run_rollout
+from aepo_rl.tasks import get_task
 
 _RECORD_FIELDS = ("prompt_id", "traj_id", "parent_id", "fork_token_index", "prompt_token_ids", "response_token_ids",
                   "loss_mask", "logprobs", "entropies", "response_text", "num_tool_calls", "finish_reason",
@@ -78,10 +81,6 @@ def rollout_main(cfg: Config, num_prompts: int, out_dir: str, random_model: bool
     """Build task, policy and engine from ``cfg``; roll out the first K training prompts once. ``random_model``:
     no model was given or found, so the tiny model's random weights are rolled out (their trees are flat);
     ``found_model``: the trained model ``aepo rollout`` found for the task (``model.path``), to name it."""
-    from aepo_rl.engines import build_engine, check_entropy_measure
-    from aepo_rl.models import encode_prompt, load_policy
-    from aepo_rl.tasks import get_task
-
     console = Console()
     check_entropy_measure(cfg)
     if num_prompts < 1:

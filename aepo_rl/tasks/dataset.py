@@ -1,7 +1,7 @@
 """A task over rows of data: a Hugging Face ``datasets.Dataset``, a list of dicts, or the rows of files.
 
 Rows follow verl's schema (``prompt`` = messages, ``reward_model.ground_truth``), TRL's (``prompt`` = a
-string or messages, ``answer``) or a question/answer pair (``aepo_rl.tasks.loaders.row_to_example``).
+string or messages, ``answer``) or a question/answer pair (:func:`row_to_example`).
 The task scores completions with reward functions of TRL's convention
 (:class:`aepo_rl.rewards.WeightedRewards`): batched, called with the prompts (as the rows give them),
 the completions (the decoded responses, tool results included; strings for a string prompt,
@@ -17,21 +17,86 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable
 
 from aepo_rl.config import TaskConfig
-from aepo_rl.rewards import WeightedRewards, extract_answer, is_exact_match
+from aepo_rl.errors import UserError
+from aepo_rl.rewards import WeightedRewards, extract_answer, gold_answers, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, check_sandbox, split_examples
+from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, check_sandbox, split_examples, system_prompt
 from aepo_rl.tools.base import Tool, ToolError, get_tool
 
 BUILT_WITH_CONFIG = ("search", "python")
 """Tools named by these names are built from the config (``task.corpus`` / ``task.search_url``, the sandbox's limits)."""
 
 
+class DatasetError(UserError, ValueError):
+    """A data file is missing, empty or unreadable, or a row lacks a field; the message names the file
+    and the line (JSONL) or row (parquet), both counted from 1."""
+
+
+SFT_FIELDS = ("messages", "conversations", "completion")
+"""Fields of a demonstration (aepo_rl/train/sft_data.py), named when such a row is given as RL data."""
+
+
+def _field(row: dict, dotted: str, where: str, needed_by: str = ""):
+    value: object = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value or value[part] is None:
+            demo = next((field for field in SFT_FIELDS if field in row), None)
+            hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give its file with "
+                                            "`aepo sft --data` / `aepo train --sft-data`, or AEPOTrainer(sft_dataset=...)")
+            if needed_by and demo is None:
+                hint = f"; {needed_by}"
+            raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
+                               f"'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth'){hint}")
+        value = value[part]
+    return value
+
+
+def row_to_example(row: dict, where: str, example_id: str, default_source: str,
+                   tools: tuple = ("search", "python"), fmt: str = "xml", answer_for: str | None = "") -> Example:
+    """One row as an Example; ``where`` names file and row. Layouts: verl's (``prompt`` = messages,
+    ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer;
+    in each, an ``extra_info`` object is kept as the example's (``hops`` gives the per-hop tables).
+    ``tools`` (names or tools) are described, in tool-call format ``fmt``, in the system message a prompt
+    without one gets. ``answer_for``: what needs the gold answer (named when it is missing); None: nothing
+    does, and a ``prompt`` row without one is a prompt-only row (TRL's habit) with no gold answers."""
+    gold = "answer" if row.get("answer") is not None and not isinstance(row.get("reward_model"), dict) \
+        else "reward_model.ground_truth"
+    prompt_only = answer_for is None and row.get("answer") is None and "reward_model" not in row
+    if "prompt" in row and isinstance(row["prompt"], str):
+        question = row["prompt"]
+        answers = [] if prompt_only else gold_answers(_field(row, gold if "reward_model" in row else "answer", where,
+                                                             answer_for))
+        messages = chat_messages(question, system_prompt(tools, fmt))
+    elif "prompt" in row:
+        messages = _field(row, "prompt", where)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                     for m in messages):
+            raise DatasetError(f"{where}: field 'prompt' must be a string or a list of {{role, content}} messages")
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        if not users:
+            raise DatasetError(f"{where}: field 'prompt' has no user message")
+        question = users[-1]
+        if messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
+        answers = [] if prompt_only else gold_answers(_field(row, gold, where, answer_for))
+    else:
+        question = str(_field(row, "question", where))
+        answers = [] if prompt_only else gold_answers(_field(row, "answer", where, answer_for))
+        messages = chat_messages(question, system_prompt(tools, fmt))
+    extra_info = row.get("extra_info") or {}
+    if not isinstance(extra_info, dict):
+        raise DatasetError(f"{where}: field 'extra_info' must be an object of per-question facts, e.g. "
+                           f'{{"hops": 2}}, got {type(extra_info).__name__}')
+    return Example(id=example_id, question=question, answers=answers,
+                   data_source=str(row.get("data_source") or default_source), messages=messages,
+                   ability=str(row.get("ability") or "agent"), extra_info=dict(extra_info), row=dict(row))
+
+
 def dataset_rows(data: Any, what: str) -> list[tuple[str, dict]]:
     """``(where, row)`` for each row of ``data``: a ``datasets.Dataset`` (anything iterable with
     ``column_names``), a list of dicts or another iterable of mappings; ``where`` is ``"<what> row <i>"``,
     counted from 1. Raises DatasetError naming the row when one is not a mapping, or when there is none."""
-    from aepo_rl.tasks.loaders import DatasetError
-
     if isinstance(data, Mapping) and data and all(hasattr(split, "column_names") for split in data.values()):
         splits = list(data)  # a datasets.DatasetDict, as load_dataset(...) returns
         raise DatasetError(f"{what} is a DatasetDict of splits {splits}, as load_dataset(...) returns: pass one split, "
@@ -116,8 +181,6 @@ class DatasetTask:
         self._tools: dict[str, Tool] | None = None
 
     def _examples(self, rows: list[tuple[str, dict]], split: str, prefix, answer_for: str | None) -> list[Example]:
-        from aepo_rl.tasks.loaders import row_to_example
-
         fmt = self.tool_options.tool_format if self.tool_options else "xml"
         return [row_to_example(row, where, f"{prefix(where)}-{split}-{i}", prefix(where), self.tool_specs, fmt,
                                answer_for) for i, (where, row) in enumerate(rows)]

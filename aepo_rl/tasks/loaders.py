@@ -20,18 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aepo_rl.config import TaskConfig
-from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
-from aepo_rl.rewards import WeightedRewards, gold_answers
+from aepo_rl.rewards import WeightedRewards
 from aepo_rl.tasks.base import Example
-from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, system_prompt
-from aepo_rl.tasks.dataset import DatasetTask
+from aepo_rl.tasks.common import ToolOptions, build_tools
+from aepo_rl.tasks.dataset import DatasetError, DatasetTask, row_to_example
 from aepo_rl.tools.base import Tool
-
-
-class DatasetError(UserError, ValueError):
-    """A data file is missing, empty or unreadable, or a row lacks a field; the message names the file
-    and the line (JSONL) or row (parquet), both counted from 1."""
 
 
 @dataclass(frozen=True)
@@ -94,67 +88,6 @@ def read_rows(path: str | Path) -> list[tuple[str, dict]]:
         raise DatasetError(f"data file {path} has no rows; give a file with one question per row "
                            "(JSONL: one JSON object per line)")
     return rows
-
-
-SFT_FIELDS = ("messages", "conversations", "completion")
-"""Fields of a demonstration (aepo_rl/train/sft_data.py), named when such a row is given as RL data."""
-
-
-def _field(row: dict, dotted: str, where: str, needed_by: str = ""):
-    value: object = row
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value or value[part] is None:
-            demo = next((field for field in SFT_FIELDS if field in row), None)
-            hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give its file with "
-                                            "`aepo sft --data` / `aepo train --sft-data`, or AEPOTrainer(sft_dataset=...)")
-            if needed_by and demo is None:
-                hint = f"; {needed_by}"
-            raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "
-                               f"'prompt' and 'answer', or verl's 'prompt' and 'reward_model.ground_truth'){hint}")
-        value = value[part]
-    return value
-
-
-def row_to_example(row: dict, where: str, example_id: str, default_source: str,
-                   tools: tuple = ("search", "python"), fmt: str = "xml", answer_for: str | None = "") -> Example:
-    """One row as an Example; ``where`` names file and row. Layouts: verl's (``prompt`` = messages,
-    ``reward_model.ground_truth``), TRL's (``prompt`` = a string or messages, ``answer``) and question/answer;
-    in each, an ``extra_info`` object is kept as the example's (``hops`` gives the per-hop tables).
-    ``tools`` (names or tools) are described, in tool-call format ``fmt``, in the system message a prompt
-    without one gets. ``answer_for``: what needs the gold answer (named when it is missing); None: nothing
-    does, and a ``prompt`` row without one is a prompt-only row (TRL's habit) with no gold answers."""
-    gold = "answer" if row.get("answer") is not None and not isinstance(row.get("reward_model"), dict) \
-        else "reward_model.ground_truth"
-    prompt_only = answer_for is None and row.get("answer") is None and "reward_model" not in row
-    if "prompt" in row and isinstance(row["prompt"], str):
-        question = row["prompt"]
-        answers = [] if prompt_only else gold_answers(_field(row, gold if "reward_model" in row else "answer", where,
-                                                             answer_for))
-        messages = chat_messages(question, system_prompt(tools, fmt))
-    elif "prompt" in row:
-        messages = _field(row, "prompt", where)
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                     for m in messages):
-            raise DatasetError(f"{where}: field 'prompt' must be a string or a list of {{role, content}} messages")
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-        users = [m["content"] for m in messages if m["role"] == "user"]
-        if not users:
-            raise DatasetError(f"{where}: field 'prompt' has no user message")
-        question = users[-1]
-        if messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": system_prompt(tools, fmt)}, *messages]
-        answers = [] if prompt_only else gold_answers(_field(row, gold, where, answer_for))
-    else:
-        question = str(_field(row, "question", where))
-        answers = [] if prompt_only else gold_answers(_field(row, "answer", where, answer_for))
-        messages = chat_messages(question, system_prompt(tools, fmt))
-    extra_info = row.get("extra_info") or {}
-    if not isinstance(extra_info, dict):
-        raise DatasetError(f"{where}: field 'extra_info' must be an object of per-question facts, e.g. "
-                           f'{{"hops": 2}}, got {type(extra_info).__name__}')
-    return Example(id=example_id, question=question, answers=answers,
-                   data_source=str(row.get("data_source") or default_source), messages=messages,
-                   ability=str(row.get("ability") or "agent"), extra_info=dict(extra_info), row=dict(row))
 
 
 def load_examples(paths: list[str], split: str, tools: tuple[str, ...] = ("search", "python"),

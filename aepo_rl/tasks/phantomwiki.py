@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from aepo_rl.config import Config, TaskConfig
@@ -154,8 +155,6 @@ def check_generator() -> None:
     if importlib.util.find_spec("phantom_wiki") is None:
         raise PhantomWikiError(f"task.name=phantomwiki needs the phantom-wiki package, which is not installed: {INSTALL}; "
                                "or give generated universes with task.phantomwiki_dir")
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         found = version("phantom-wiki")
     except PackageNotFoundError:

@@ -27,6 +27,7 @@ from typing import Callable
 
 from aepo_rl.config import TaskConfig
 from aepo_rl.protocol import Protocol
+from aepo_rl.registry import register_corpus
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import (SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, check_sandbox, split_examples,
@@ -166,6 +167,13 @@ def _org_text(o: Organization) -> str:
 
 def _city_text(c: City) -> str:
     return f"{c.name} is a city founded in {c.founded}, with {c.population} inhabitants."
+
+
+@register_corpus("synthetic")
+def synthetic_corpus(seed: int = 0) -> list[dict]:
+    """The documents of the world of ``seed``: what the search tool indexes for ``corpus="synthetic"``
+    (``aepo serve-search --corpus synthetic``)."""
+    return build_world(seed).corpus
 
 
 # ---------------------------------------------------------------- noisy search

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aepo_rl.errors import UserError
 from aepo_rl.jsonl import JsonlError, read_jsonl
+from aepo_rl.registry import CORPORA
 
 REQUIRED_FIELDS = ("id", "title", "text")
 WIKI_DATA_FILE = ("data", "summaries_en-us.json")
@@ -23,14 +24,13 @@ class CorpusError(UserError, ValueError):
 
 
 def load_corpus(spec: str | Path | list[dict], seed: int = 0) -> list[dict]:
-    """Resolve a corpus spec: a list of documents, a JSONL path, "synthetic" (the built-in
-    task's world for ``seed``) or "wiki" (Wikipedia lead summaries, the ``[wiki]`` extra)."""
+    """Resolve a corpus spec: a list of documents, a JSONL path, a registered corpus name
+    (:data:`aepo_rl.registry.CORPORA`: "synthetic", the built-in task's world for ``seed``) or "wiki"
+    (Wikipedia lead summaries, the ``[wiki]`` extra)."""
     if isinstance(spec, list):
         return validate_documents(spec, source="<list>")
-    if spec == "synthetic":
-        from aepo_rl.tasks.synthetic import build_world
-
-        return validate_documents(build_world(seed).corpus, source=f"synthetic world (seed {seed})")
+    if isinstance(spec, str) and spec in CORPORA:
+        return validate_documents(CORPORA.lookup(spec)(seed), source=f"{spec} world (seed {seed})")
     if spec == "wiki":
         return wiki_corpus()
     return read_jsonl_corpus(spec)

@@ -50,11 +50,14 @@ from aepo_rl.engines import build_engine, check_entropy_measure, check_logprobs_
 from aepo_rl.evaluate import evaluate
 from aepo_rl.models import apply_lora, load_policy, save_policy
 from aepo_rl.progress import get_console
+from aepo_rl.report import plot_runs
+from aepo_rl.tasks import get_task
 from aepo_rl.tasks.base import Task
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.health import RunHealth
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.rl import RLTrainer
+from aepo_rl.train.sft import check_demonstrations, run_sft, sft_demonstrations
 from aepo_rl.train.sft_data import SFTData, load_sft_data
 
 
@@ -196,7 +199,6 @@ def run_sft_stage(cfg: Config, run_dir: str | Path, *, task: Task | None = None,
     if (sft_dir / "config.json").is_file():
         get_console().print(f"SFT model found: {sft_dir}")
         return str(sft_dir)
-    from aepo_rl.train.sft import check_demonstrations, run_sft, sft_demonstrations
 
     task = task or _get_task(cfg)
     if cfg.sft.epochs > 0:
@@ -449,8 +451,6 @@ def evaluate_model(cfg: Config, model_dir: str, task: Task) -> dict:
 
 
 def write_plots(run_dir: Path) -> None:
-    from aepo_rl.report import plot_runs
-
     plot_runs([str(run_dir)], str(run_dir / "plots"))
 
 
@@ -497,8 +497,6 @@ def before_after_table(results: dict, title: str = "evaluation: cold-start SFT â
 
 
 def _get_task(cfg: Config) -> Task:
-    from aepo_rl.tasks import get_task
-
     return get_task(cfg)
 
 

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import inspect
 import logging
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +46,6 @@ import torch
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from aepo_rl import algorithms, registry
-from aepo_rl.algorithms.advantages import anchor_keys
 from aepo_rl.algorithms.rollout_correction import mismatch_metrics, rollout_correction, to_floats
 from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
@@ -54,7 +55,7 @@ from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
-from aepo_rl.train.forward import decoder_hidden, lm_head
+from aepo_rl.models.forward import decoder_hidden, lm_head
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def response_logprobs(model, batch: Batch, *, bf16: bool, entropy_grad: bool = F
     of the policy's logits divided by ``temperature`` (1: the untempered policy).
 
     The rows' common prefix (the system message) runs once and no attention mask is needed
-    (right padding, ``train/forward.py``); only positions from the shortest prompt on are
+    (right padding, ``models/forward.py``); only positions from the shortest prompt on are
     projected onto the vocabulary, then each row's response positions are gathered. Log-softmax
     runs in float32; bf16 autocast runs on the batch's device type. ``entropy_grad`` keeps the
     entropy in the graph (entropy bonus); otherwise it is detached. ``with_entropy=False`` skips the
@@ -838,3 +839,25 @@ class RLTrainer:
         self.data.load_state_dict(state["data_order"])
         self.rollout_state.load_state_dict(state["rollout"])
 
+
+def anchor_keys(trajectories: Sequence[Trajectory], group_index: Sequence[int], response_length: int) -> torch.Tensor:
+    """GiGPO anchor state of every response token (§4), [B, R] int64; −1 = no anchor (padding).
+
+    A state is an identical token prefix ending at a tool result (or the bare prompt for the
+    first round): the tokens of round k get the hash of (group, prompt + response tokens before
+    round k). Trajectories forked from one another share those prefixes, so their rounds fall
+    into the same anchor group. Hashes are computed incrementally, once per round.
+    """
+    keys = torch.full((len(trajectories), response_length), -1, dtype=torch.long)
+    for row, (traj, group) in enumerate(zip(trajectories, group_index)):
+        digest = hashlib.blake2b(np.asarray([group] + traj.prompt_token_ids, dtype=np.int64).tobytes(),
+                                 digest_size=8)
+        hashed_up_to = 0
+        starts = [r.start for r in traj.rounds] or [0]
+        for k, start in enumerate(starts):
+            digest.update(np.asarray(traj.response_token_ids[hashed_up_to:start], dtype=np.int64).tobytes())
+            hashed_up_to = start
+            key = int.from_bytes(digest.copy().digest(), "little") & (2**63 - 1)
+            end = starts[k + 1] if k + 1 < len(starts) else len(traj.response_token_ids)
+            keys[row, start:end] = key
+    return keys

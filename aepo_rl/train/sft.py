@@ -24,9 +24,15 @@ import torch
 import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
-from aepo_rl.models import apply_lora, encode_prompt, model_device
+from aepo_rl.config import ConfigError, to_yaml
+from aepo_rl.engines import build_engine
+from aepo_rl.evaluate import evaluate, print_results
+from aepo_rl.models import apply_lora, encode_prompt, load_policy, model_device, save_policy
+from aepo_rl.models.forward import decoder_hidden, lm_head
+from aepo_rl.progress import PhaseProgress, get_console
 from aepo_rl.protocol import ANSWER, ANSWER_CLOSE, Protocol
-from aepo_rl.train.forward import decoder_hidden, lm_head
+from aepo_rl.tasks import get_task
+from aepo_rl.train.checkpoint import atomic_write_text
 from aepo_rl.train.sft_data import SFTData, load_sft_data
 
 if TYPE_CHECKING:
@@ -86,7 +92,7 @@ def batches_for_epoch(samples: list[SFTSample], batch_size: int, rng: random.Ran
 def trained_logits(model, batch: dict[str, torch.Tensor], bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [N, V] (fp32) at the N positions whose next token is trained, and those targets [N].
 
-    The rows' common prefix (the system message) runs once (``train/forward.py``), and only
+    The rows' common prefix (the system message) runs once (``models/forward.py``), and only
     the trained positions go through the LM head: most tokens of a demonstration are prompt or
     tool result, so this skips most of the head's work and the full-vocabulary softmax. bf16
     autocast runs on the batch's device type.
@@ -153,8 +159,6 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
     ``tokens_per_s`` (all tokens in the batches), ``trained_tokens``, ``steps``, ``time_s``,
     and ``dev/token_accuracy`` / ``dev/answer_accuracy`` when ``dev_demos`` are given.
     """
-    from aepo_rl.progress import PhaseProgress
-
     sft = cfg.sft
     samples = [tokenize_demonstration(tokenizer, d, sft.max_length) for d in demos]
     if not samples:
@@ -210,9 +214,6 @@ def run_sft(cfg: Config, model, tokenizer, demos: list[Demonstration],
 def check_demonstrations(cfg: Config, task, data: SFTData | None) -> None:
     """Before any model is built: the user's demonstrations (``data``) call only the task's tools, or,
     without them, the task has demonstrations of its own. Notes demonstrations without an answer block."""
-    from aepo_rl.config import ConfigError
-    from aepo_rl.progress import get_console
-
     if data is None:
         if not task.demonstrations():
             raise ConfigError(f"task {task.name!r} has no demonstrations for cold-start SFT: give your own (sft.data="
@@ -239,13 +240,6 @@ def sft_demonstrations(cfg: Config, task, data: SFTData | None, tokenizer) -> tu
 
 def sft_main(cfg: Config, out_dir: str | None = None) -> int:
     """``aepo sft``: train on the task's demonstrations (or the files ``sft.data``), save ``<out>/checkpoints/sft``, evaluate."""
-    from aepo_rl.config import to_yaml
-    from aepo_rl.evaluate import print_results
-    from aepo_rl.models import load_policy, save_policy
-    from aepo_rl.progress import get_console
-    from aepo_rl.tasks import get_task
-    from aepo_rl.train.checkpoint import atomic_write_text
-
     console = get_console()
     data = load_sft_data(cfg)
     task = get_task(cfg)
@@ -279,8 +273,5 @@ def dev_demonstrations(task) -> list[Demonstration]:
 
 def evaluate_policy(cfg: Config, model, tokenizer, task) -> dict[str, dict]:
     """pass@1 / pass@k on ``cfg.eval.split`` (G1's evaluator): ``{"<task>/<split>": metrics}``."""
-    from aepo_rl.engines import build_engine
-    from aepo_rl.evaluate import evaluate
-
     examples = task.examples(cfg.eval.split)[:cfg.eval.num_questions]
     return evaluate(build_engine(cfg, model, tokenizer), task, examples, cfg, cfg.eval.split)

@@ -18,7 +18,7 @@ message up to the last user message (the messages of a TRL ``prompt``), given th
 message for the task's tools when it has none; the response is one assistant turn in which the
 model's text and calls are trained, and every tool result, wrapped as the environment wraps it, is
 not (loss mask 0). Calls are written in ``rollout.tool_format``, so one file serves both formats. A
-call passes one argument (§1.1). Every mistake is a :class:`~aepo_rl.tasks.loaders.DatasetError`
+call passes one argument (§1.1). Every mistake is a :class:`~aepo_rl.tasks.dataset.DatasetError`
 naming the file, the row and the message, raised when the data is read, before any model is built.
 """
 
@@ -36,7 +36,8 @@ from aepo_rl.jsonl import JsonlError, read_jsonl
 from aepo_rl.protocol import (ANSWER_CLOSE, DEFAULT_ARGUMENT, HERMES_CALL, RESERVED_TAGS, Protocol,
                               split_result_blocks)
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.loaders import DatasetError, read_rows
+from aepo_rl.tasks.dataset import DatasetError, dataset_rows
+from aepo_rl.tasks.loaders import read_rows
 
 LAYOUTS = ("'messages' (chat messages), 'conversations' (ShareGPT / LLaMA-Factory) or 'prompt' and "
            "'completion' (TRL)")
@@ -227,8 +228,6 @@ def load_sft_data(cfg: Config, dataset: Any = None) -> SFTData | None:
     fmt = cfg.rollout.tool_format
     if dataset is None:
         return SFTData.from_files(cfg.sft.data, fmt)
-    from aepo_rl.tasks.dataset import dataset_rows
-
     return SFTData.from_rows(dataset_rows(dataset, "sft_dataset"), "sft_dataset", fmt)
 
 

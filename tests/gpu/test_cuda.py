@@ -16,9 +16,7 @@ from aepo_rl.models import enable_gradient_checkpointing, init_random_model, mod
 from aepo_rl.train.rl import RLTrainer, collate, response_logprobs
 from aepo_rl.train.sft import collate as sft_collate
 from aepo_rl.train.sft import masked_lm_loss, tokenize_demonstration
-from conftest import build_tiny_model
-from test_rl import TINY_RL, VaryingRewardTask, make_traj
-from test_sft import demo
+from helpers import TINY_RL, VaryingRewardTask, build_tiny_model, demo, make_traj
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the gpu tests need one")]

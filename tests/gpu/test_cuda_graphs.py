@@ -10,8 +10,7 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams
 from aepo_rl.engines.hf import HFEngine
-from conftest import build_tiny_model
-from test_static_decode import script
+from helpers import build_tiny_model, script
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the gpu tests need one")]

@@ -265,7 +265,7 @@ def _steered(model, tokenizer):
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from test_rollout_tiny import steer
+    from helpers import steer
     from test_verl_agent_loop_on_cpu import SteeredAnyVersion
 
     steered = steer(model, tokenizer)

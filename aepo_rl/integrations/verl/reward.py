@@ -9,9 +9,17 @@ task's reward there), else the data source's default. Needs no verl.
 
 from __future__ import annotations
 
-from aepo_rl import rewards
+from aepo_rl.config import TaskConfig
+from aepo_rl.rewards import get_reward, gold_answers
+from aepo_rl.tasks.loaders import default_reward
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    """The §3 score of one decoded response; extra keyword arguments verl may add are ignored."""
-    return rewards.compute_score(data_source, solution_str, ground_truth, dict(extra_info or {}))
+    """The §3 score of one decoded response: the reward ``extra_info["reward"]`` when given, else the default of
+    the data source's evaluation set (math sets: math; others: deep_research). Extra keyword arguments verl may
+    add are ignored."""
+    extra_info = dict(extra_info or {})
+    name = extra_info.get("reward") or default_reward(data_source)
+    reward = get_reward(name, judge_url=extra_info.get("judge_url"),
+                        judge_model=extra_info.get("judge_model", TaskConfig.judge_model))
+    return float(reward(solution_str, gold_answers(ground_truth), extra_info.get("question", "")))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from aepo_rl.config import CIRCUIT_MIN_HEAD_DIM, circuit_heads, circuit_shape_error
-from aepo_rl.train.forward import lm_head, packed_hidden
+from aepo_rl.models.forward import lm_head, packed_hidden
 
 COPY_BATCH = 32
 COPY_LR = 3e-3
@@ -68,7 +68,7 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0, min_steps: int = 0,
     losses = []
     for step in range(steps):
         ids, mask = (t.to(device) for t in copy_batch(pool, COPY_BATCH, generator))
-        # the rows packed (a third of the batch is padding) and only real targets through the LM head (train/forward.py)
+        # the rows packed (a third of the batch is padding) and only real targets through the LM head (models/forward.py)
         targets = mask[:, 1:].bool()
         logits = lm_head(model, packed_hidden(model, ids, mask.sum(1))[:, :-1][targets])
         accuracy = repeated_half_accuracy(logits, ids, mask)
