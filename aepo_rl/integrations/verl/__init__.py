@@ -3,8 +3,8 @@ agent loops, ``compute_score`` and ``aepo verl-data``.
 
 verl loads :mod:`aepo_rl.integrations.verl.plugin` itself through the ``verl.plugins`` entry point,
 in every process that imports verl; the plugin defers every change until verl imports the module it
-changes (docs/verl.md, "What the plugin changes in verl"). The modules that import verl (``loss``,
-``agent_loop``, ``metrics``) call :func:`require_verl` first; ``reward`` and ``data`` work without verl.
+changes (docs/verl.md, "What the plugin changes in verl"). The modules that import verl at their top
+(``loss``, ``agent_loop``) call :func:`require_verl` first; ``reward`` and ``data`` work without verl.
 This module imports nothing beyond the standard library: the plugin reads its names during ``import verl``.
 """
 

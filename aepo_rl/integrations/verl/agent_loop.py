@@ -17,7 +17,9 @@ return the sampled tokens' log-probs only (no top-k), so branching uses the ``su
 entropy (§1.2). Tool results are appended as token ids with response mask 0; nothing is
 re-tokenised: the leaves' ids are the ids the server generated and the tool results' ids.
 
-The tree's knobs are ``actor_rollout_ref.rollout.custom.aepo.*`` (docs/verl.md).
+The tree's knobs are ``actor_rollout_ref.rollout.custom.aepo.*`` (docs/verl.md). The plugin registers
+both loops by name (:data:`aepo_rl.integrations.verl.AGENT_LOOPS`), so verl imports this module only in
+the agent-loop workers that build one.
 """
 
 from __future__ import annotations

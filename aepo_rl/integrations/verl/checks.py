@@ -9,7 +9,6 @@ a bad key stops the run at start instead of failing every session later.
 
 from __future__ import annotations
 
-from aepo_rl.config import ConfigError
 from aepo_rl.integrations.verl import AGENT_LOOPS, LOSS_MODES
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -57,6 +56,8 @@ def refusals(config) -> list[str]:
     """Why this config cannot run with the plugin: one message per problem, each naming the key and the fix."""
     problems = []
     loops, loss = uses_aepo_loops(config), uses_aepo_loss(config)
+    if not (loops or loss):
+        return []
     name = _get(config, f"{ROLLOUT}.name", "vllm")
     if loops and name == "sglang":
         problems.append(
@@ -93,9 +94,12 @@ def refusals(config) -> list[str]:
 
 
 def check_trainer_config(config) -> None:
-    """ConfigError listing every refusal; then ``rollout.custom.aepo`` resolved as the agent loop will."""
+    """ConfigError listing every refusal; then ``rollout.custom.aepo`` resolved as the agent loop will. A
+    config without AEPO's losses or loops passes without loading more of aepo-rl than this module."""
     problems = refusals(config)
     if problems:
+        from aepo_rl.config import ConfigError
+
         raise ConfigError("aepo-rl verl plugin refuses this config:\n  - " + "\n  - ".join(problems))
     if uses_aepo_loops(config):
         from aepo_rl.integrations.verl.agent_loop import loop_settings
