@@ -316,3 +316,31 @@ def test_finish_reason_is_recovered_from_the_tokens(tokenizer):
     assert finish_reason(ids + [tokenizer.eos_token_id], tokenizer, eos, ("</search>",)) == ("eos", None)
     assert finish_reason(ids[:-1], tokenizer, eos, ("</search>",)) == ("length", None)
     assert finish_reason([], tokenizer, eos, ("</search>",)) == ("length", None)
+
+
+def test_one_coordinator_per_event_loop_gone_with_its_loop():
+    """The sessions of one event loop share one coordinator (trees, tools); a loop that is closed and dropped
+    takes its coordinator along (weak keys: no module-level state, nothing kept per dead loop)."""
+    import gc
+    import types
+
+    from aepo_rl.integrations.verl import agent_loop
+
+    class Loop(agent_loop._AEPOLoopBase):
+        def __init__(self):  # verl's constructor needs a whole worker; the coordinator needs the settings only
+            self.settings = types.SimpleNamespace(max_concurrent_trees=2)
+
+        async def run(self, sampling_params, **kwargs):
+            raise NotImplementedError
+
+    async def two_sessions():
+        first, second = Loop().coordinator(), Loop().coordinator()
+        return first, second, asyncio.get_running_loop()
+
+    before = len(agent_loop._AEPOLoopBase.coordinators)
+    first, second, loop = asyncio.run(two_sessions())
+    assert first is second and first.loop is loop
+    assert len(agent_loop._AEPOLoopBase.coordinators) == before + 1
+    del loop
+    gc.collect()
+    assert first.loop is None and len(agent_loop._AEPOLoopBase.coordinators) == before

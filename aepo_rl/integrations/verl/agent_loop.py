@@ -295,15 +295,21 @@ class TreeCoordinator:
     sessions have collected, or at once on failure; finished trees of older steps are pruned."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_workers: int = 64):
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # weak: the loops' class keys its coordinators weakly by this loop
         self._trees: dict[tuple, _Tree] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
         self._tools: dict[str, dict] = {}
         self._tools_lock = threading.Lock()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop whose sessions this coordinator serves (None once it is gone)."""
+        return self._loop()
+
     def tools(self, settings: AEPOLoopSettings, split: str = "train") -> dict:
         """:func:`build_tools`, built once per settings and split (called from the trees' threads)."""
-        key = repr((sorted(asdict(settings.task).items()), settings.tools, sorted(_tool_knobs(settings).items()), split))
+        key = repr((sorted(asdict(settings.task).items()), settings.tools, sorted(_tool_knobs(settings).items()),
+                    split))
         with self._tools_lock:
             if key not in self._tools:
                 self._tools[key] = build_tools(settings, split)
