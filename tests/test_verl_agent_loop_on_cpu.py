@@ -156,9 +156,10 @@ def result_blocks(mask):
     return spans
 
 
-def test_tree_sessions_are_the_leaves_of_one_tree(steered, tokenizer, echo_task):
+def test_tree_sessions_are_the_leaves_of_one_tree(steered, tokenizer, echo_task, monkeypatch):
     from aepo_rl.integrations.verl import agent_loop
 
+    monkeypatch.setattr(agent_loop._AEPOLoopBase, "coordinators", {})  # strong keys: outlive asyncio.run's loop
     server = HFServer(steered, tokenizer)
     outputs = asyncio.run(sessions(["p0", "p1"], trainer_config(), server, tokenizer))
     assert not [o for o in outputs if isinstance(o, BaseException)], outputs
@@ -206,12 +207,16 @@ def test_tree_sessions_are_the_leaves_of_one_tree(steered, tokenizer, echo_task)
             torch.testing.assert_close(torch.tensor(o.response_logprobs)[m], expected[m], atol=1e-4, rtol=0)
     assert forks > 0 and calls > 0
     assert echo_task.calls
-    assert len(agent_loop._COORDINATORS) >= 1 and all(len(c) == 0 for c in agent_loop._COORDINATORS.values())
+    coordinators = list(agent_loop._AEPOLoopBase.coordinators.items())
+    assert len(coordinators) == 1 and all(c.loop is loop and len(c) == 0 for loop, c in coordinators)
+    assert len(next(iter(coordinators))[1]._tools) == 1  # the task's tools, built once for all 8 sessions
 
 
-def test_a_failing_or_hanging_tree_fails_its_sessions_without_stopping_the_others(steered, tokenizer, echo_task):
+def test_a_failing_or_hanging_tree_fails_its_sessions_without_stopping_the_others(steered, tokenizer, echo_task,
+                                                                                  monkeypatch):
     from aepo_rl.integrations.verl import agent_loop
 
+    monkeypatch.setattr(agent_loop._AEPOLoopBase, "coordinators", {})
     server = HFServer(steered, tokenizer, fail={"bad"}, hang={"stuck"})
     outputs = asyncio.run(sessions(["good", "bad", "stuck"], trainer_config(tree_timeout=20), server, tokenizer))
     good, bad, stuck = outputs[:N], outputs[N:2 * N], outputs[2 * N:]
@@ -219,7 +224,8 @@ def test_a_failing_or_hanging_tree_fails_its_sessions_without_stopping_the_other
     assert [o.extra_fields["aepo_traj_id"] for o in good] == list(range(N))
     assert all(isinstance(o, RuntimeError) and "bad is down" in str(o) for o in bad), bad
     assert all(isinstance(o, TimeoutError) and "tree_timeout" in str(o) for o in stuck), stuck
-    assert all(len(c) == 0 for c in agent_loop._COORDINATORS.values())
+    assert len(agent_loop._AEPOLoopBase.coordinators) == 1
+    assert all(len(c) == 0 for c in agent_loop._AEPOLoopBase.coordinators.values())
 
 
 def test_global_step_tags_are_set_when_the_server_reports_none(steered, tokenizer, echo_task):
@@ -310,3 +316,31 @@ def test_finish_reason_is_recovered_from_the_tokens(tokenizer):
     assert finish_reason(ids + [tokenizer.eos_token_id], tokenizer, eos, ("</search>",)) == ("eos", None)
     assert finish_reason(ids[:-1], tokenizer, eos, ("</search>",)) == ("length", None)
     assert finish_reason([], tokenizer, eos, ("</search>",)) == ("length", None)
+
+
+def test_one_coordinator_per_event_loop_gone_with_its_loop():
+    """The sessions of one event loop share one coordinator (trees, tools); a loop that is closed and dropped
+    takes its coordinator along (weak keys: no module-level state, nothing kept per dead loop)."""
+    import gc
+    import types
+
+    from aepo_rl.integrations.verl import agent_loop
+
+    class Loop(agent_loop._AEPOLoopBase):
+        def __init__(self):  # verl's constructor needs a whole worker; the coordinator needs the settings only
+            self.settings = types.SimpleNamespace(max_concurrent_trees=2)
+
+        async def run(self, sampling_params, **kwargs):
+            raise NotImplementedError
+
+    async def two_sessions():
+        first, second = Loop().coordinator(), Loop().coordinator()
+        return first, second, asyncio.get_running_loop()
+
+    before = len(agent_loop._AEPOLoopBase.coordinators)
+    first, second, loop = asyncio.run(two_sessions())
+    assert first is second and first.loop is loop
+    assert len(agent_loop._AEPOLoopBase.coordinators) == before + 1
+    del loop
+    gc.collect()
+    assert first.loop is None and len(agent_loop._AEPOLoopBase.coordinators) == before

@@ -176,7 +176,12 @@ def test_the_hydra_config_extends_ppo_trainer_with_the_8gpu_scripts_settings():
             "data.train_files=/data/aepo/train.parquet", "data.val_files=/data/aepo/val.parquet",
             "actor_rollout_ref.model.path=Qwen/Qwen3-8B", "trainer.n_gpus_per_node=8"])
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    assert Path(config.reward.custom_reward_function.path).read_text().startswith('"""verl\'s custom reward function')
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from aepo_rl.integrations.verl import reward
+
+    assert config.reward.custom_reward_function.path == "pkg://aepo_rl.integrations.verl.reward"
+    assert get_custom_reward_fn(config).args[0] is reward.compute_score  # verl's own loader finds it by name
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, AEPOPolicyLossConfig) and actor.policy_loss.entropy_adv_coef == 0.2
     script = compose(script_overrides("run_qwen3_8b_8gpu.sh"))

@@ -36,7 +36,7 @@ def test_bare_import_of_verl_registers_everything_through_the_entry_point():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == ("['aepo', 'gppo'] ['aepo_chain', 'aepo_tree'] "
-                                          "aepo_rl.integrations.verl.loss True True"), out.stdout
+                                          "verl.workers.utils.losses True True"), out.stdout
     # and with verl's plugin discovery switched off, nothing of ours is there: the entry point did it
     env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -74,12 +74,111 @@ def test_importing_the_plugins_modules_before_verl_raises_no_false_alarm(first):
                  "import verl\n"
                  "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as L\n"
                  "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as A\n"
-                 "from aepo_rl.integrations.verl import loss, plugin\n"
+                 "import verl.workers.engine_workers as ew\n"
+                 "from aepo_rl.integrations.verl import plugin\n"
                  "plugin.check_registrations()\n"
-                 "print('aepo' in L and 'gppo' in L, 'aepo_tree' in A and 'aepo_chain' in A, loss.installed())\n")
+                 "print('aepo' in L and 'gppo' in L, 'aepo_tree' in A and 'aepo_chain' in A,\n"
+                 "      getattr(ew.ppo_loss, '__aepo_wrapper__', False))\n")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "failed to load" not in out.stderr, out.stderr
     assert out.stdout.splitlines()[-1] == "True True True", out.stdout
+
+
+def test_a_plain_import_verl_loads_only_the_plugins_finder():
+    """The plugin costs ``import verl`` nothing measurable: next to verl's own modules it adds its four
+    (aepo_rl, aepo_rl.integrations, aepo_rl.integrations.verl, its plugin module), standard library only,
+    and changes only what verl's import already loaded (validate_config)."""
+    code = ("import sys, verl\n"
+            "print(sorted(sys.modules))\n"
+            "plugin = sys.modules.get('aepo_rl.integrations.verl.plugin')\n"
+            "print(sorted(plugin.find().applied) if plugin else None)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    env["VERL_USE_EXTERNAL_PLUGINS"] = "none"
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert on.returncode == 0 and off.returncode == 0, on.stderr[-2000:] + off.stderr[-2000:]
+    with_plugin, without = (set(eval(out.stdout.splitlines()[-2])) for out in (on, off))
+    assert with_plugin - without == {"aepo_rl", "aepo_rl.integrations", "aepo_rl.integrations.verl",
+                                     "aepo_rl.integrations.verl.plugin"}, sorted(with_plugin - without)
+    assert without - with_plugin == set(), sorted(without - with_plugin)
+    assert on.stdout.splitlines()[-1] == "['verl.utils.config']" and off.stdout.splitlines()[-1] == "None"
+
+
+def test_a_change_that_fails_leaves_verl_as_it_was():
+    """All or nothing: when the last change fails (as on a verl that moved the symbol), the plugin undoes the
+    four it made (losses, ppo_loss in every module that bound it, validate_config, agent loops), steps off
+    sys.meta_path and says so on stderr; verl then runs as without the plugin."""
+    code = ("import sys, verl\n"
+            "from aepo_rl.integrations.verl import plugin\n"
+            "p = plugin.find()\n"
+            "def moved(module):\n"
+            "    raise AttributeError(\"module 'trainer_sync' has no attribute 'PPOTrainerSync'\")\n"
+            "p.seams['verl.trainer.ppo.v1.trainer_sync'] = moved\n"
+            "import verl.workers.engine_workers as ew, verl.trainer.distillation.losses as dl\n"
+            "import verl.utils.config as vc, verl.trainer.ppo.core_algos as ca\n"
+            "from verl.experimental.agent_loop import agent_loop as al\n"
+            "state = lambda: (sorted(k for k in ca.POLICY_LOSS_REGISTRY if k in ('aepo', 'gppo')),\n"
+            "                 sorted(k for k in al._agent_loop_registry if k.startswith('aepo')),\n"
+            "                 hasattr(ew.ppo_loss, '__aepo_wrapper__'), hasattr(dl.ppo_loss, '__aepo_wrapper__'),\n"
+            "                 hasattr(vc.validate_config, '__aepo_wrapper__'), p in sys.meta_path)\n"
+            "print(state(), flush=True)\n"
+            "from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls\n"
+            "print(state(), get_trainer_cls('sync') is PPOTrainerSync, plugin.find())\n"
+            "import verl.workers.utils.losses as L\n"
+            "print(L.ppo_loss is ew.ppo_loss is dl.ppo_loss, L.ppo_loss.__module__)\n")
+    out = _fresh(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-3:] == [
+        "(['aepo', 'gppo'], ['aepo_chain', 'aepo_tree'], True, True, True, True)",
+        "([], [], False, False, False, False) True None",
+        "True verl.workers.utils.losses"], out.stdout
+    assert ("aepo-rl verl plugin failed to extend verl.trainer.ppo.v1.trainer_sync: AttributeError: module "
+            "'trainer_sync' has no attribute 'PPOTrainerSync'; it undid its changes to verl "
+            "(verl.experimental.agent_loop.agent_loop, verl.workers.utils.losses, verl.trainer.ppo.core_algos, "
+            "verl.utils.config)") in out.stderr, out.stderr[-2000:]
+
+
+def test_every_change_is_where_verl_keeps_it():
+    """The version gate's other half: what the plugin changes is where verl 0.9.1 has it, with the signature the
+    plugin calls. A verl release that moves or reshapes one of them fails here, naming it, before any run."""
+    import inspect
+
+    import verl
+    import verl.trainer.main_ppo as main_ppo
+    import verl.trainer.distillation.losses as distillation_losses
+    import verl.workers.engine_workers as engine_workers
+    from verl.experimental.agent_loop import agent_loop
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.v1 import trainer_base, trainer_sync
+    from verl.utils import config as verl_config
+    from verl.workers.utils import losses
+
+    from aepo_rl.integrations.verl import plugin, require_verl
+
+    assert require_verl(verl.__version__) == verl.__version__
+    assert set(plugin.SEAMS) == set(plugin.IN_PLACE)
+    params = lambda fn: list(inspect.signature(inspect.unwrap(fn)).parameters)  # noqa: E731
+    # policy losses: verl's registry, and the keywords verl's ppo_loss calls them with
+    assert params(core_algos.register_policy_loss) == ["name"] and isinstance(core_algos.POLICY_LOSS_REGISTRY, dict)
+    assert params(plugin._policy_loss("aepo")) == ["old_log_prob", "log_prob", "advantages", "response_mask",
+                                                   "loss_agg_mode", "config", "rollout_is_weights"]
+    assert "policy_loss_fn(\n        old_log_prob=old_log_prob," in inspect.getsource(inspect.unwrap(losses.ppo_loss))
+    # ppo_loss: its signature; the two modules that import it by name; engine_workers builds its loss on the name
+    assert params(losses.ppo_loss) == ["config", "model_output", "data", "dp_group"]
+    assert "from verl.workers.utils.losses import ppo_loss" in inspect.getsource(engine_workers)
+    assert "partial(ppo_loss, config=actor_config)" in inspect.getsource(engine_workers)
+    assert "from verl.workers.utils.losses import ppo_loss" in inspect.getsource(distillation_losses)
+    # validate_config: main_ppo imports it by name (after import verl) and calls it in its driver
+    assert params(verl_config.validate_config) == ["config", "use_reference_policy", "use_critic"]
+    assert "from verl.utils.config import validate_config" in inspect.getsource(main_ppo)
+    # agent loops: verl's register stores {"_target_": module.qualname} in the registry its worker instantiates
+    assert "_agent_loop_registry[agent_name] = {\"_target_\": fqdn}" in inspect.getsource(agent_loop.register)
+    assert "_agent_loop_registry[agent_name]" in inspect.getsource(agent_loop.AgentLoopWorker)
+    # the sync trainer: verl's registry entry, and the _compute_metrics hook the subclass extends
+    assert trainer_sync.PPOTrainerSync.__name__ in repr(trainer_base.TRAINER_REGISTRY["sync"].__mro__)
+    assert params(trainer_sync.PPOTrainerSync._compute_metrics) == ["self", "batch", "metrics", "timing_raw",
+                                                                    "global_steps", "epoch"]
+    plugin.check_registrations()
 
 
 def test_version_gate_names_the_range_and_the_fix():
@@ -109,12 +208,17 @@ def test_a_verl_outside_the_range_is_refused_loudly_when_verl_loads_the_plugin()
 
 def test_check_registrations_fails_loudly_when_a_registration_is_missing(monkeypatch):
     from verl.trainer.ppo import core_algos
+    from verl.utils import config as verl_config
 
     from aepo_rl.integrations.verl import plugin
 
     plugin.check_registrations()
     monkeypatch.delitem(core_algos.POLICY_LOSS_REGISTRY, "gppo")
-    with pytest.raises(RuntimeError, match="policy loss 'gppo'"):
+    with pytest.raises(RuntimeError, match=r"not applied to verl\.trainer\.ppo\.core_algos;"):
+        plugin.check_registrations()
+    monkeypatch.undo()
+    monkeypatch.setattr(verl_config, "validate_config", verl_config.validate_config.__wrapped__)
+    with pytest.raises(RuntimeError, match=r"not applied to verl\.utils\.config;"):
         plugin.check_registrations()
 
 
@@ -235,14 +339,14 @@ def test_aepo_without_entropy_says_which_key_to_set():
 
 def test_other_loss_modes_pass_through_verls_ppo_loss_untouched():
     """vanilla through the wrapper = verl's original ppo_loss."""
-    from aepo_rl.integrations.verl import loss as plugin_loss
+    from verl.workers.utils import losses as verl_losses
 
     lengths, mask, old, logp, adv, entropy, prompt = _batch()
     args = (_actor_config("vanilla", "token-mean"),
             {"log_probs": _flat(logp, lengths, prompt), "entropy": _flat(entropy, lengths, prompt)})
-    wrapped, _ = plugin_loss.ppo_loss(*args, _verl_data(lengths, mask, old, adv, prompt))
-    original, _ = plugin_loss._ORIGINAL_PPO_LOSS(*args, _verl_data(lengths, mask, old, adv, prompt))
-    assert plugin_loss._ORIGINAL_PPO_LOSS is not plugin_loss.ppo_loss
+    wrapped, _ = verl_losses.ppo_loss(*args, _verl_data(lengths, mask, old, adv, prompt))
+    original, _ = verl_losses.ppo_loss.__wrapped__(*args, _verl_data(lengths, mask, old, adv, prompt))
+    assert verl_losses.ppo_loss.__aepo_wrapper__ and not hasattr(verl_losses.ppo_loss.__wrapped__, "__aepo_wrapper__")
     assert torch.equal(wrapped, original)
 
 

@@ -2,8 +2,10 @@
 agent loops, ``compute_score`` and ``aepo verl-data``.
 
 verl loads :mod:`aepo_rl.integrations.verl.plugin` itself through the ``verl.plugins`` entry point,
-in every process that imports verl. The modules that import verl (``plugin``, ``loss``,
-``agent_loop``) call :func:`require_verl` first; ``reward`` and ``data`` work without verl.
+in every process that imports verl; the plugin defers every change until verl imports the module it
+changes (docs/verl.md, "What the plugin changes in verl"). The modules that import verl at their top
+(``loss``, ``agent_loop``) call :func:`require_verl` first; ``reward`` and ``data`` work without verl.
+This module imports nothing beyond the standard library: the plugin reads its names during ``import verl``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ import importlib.metadata
 VERL_MIN = (0, 9, 1)
 VERL_BELOW = (0, 10)
 TESTED_RANGE = "verl>=0.9.1,<0.10"
+
+LOSS_MODES = ("aepo", "gppo")
+"""The policy losses the plugin registers (``actor.policy_loss.loss_mode``); verl's ``ppo_loss`` hands the
+current entropies to these only."""
+AGENT_LOOPS = {"aepo_tree": "aepo_rl.integrations.verl.agent_loop.AEPOTreeAgentLoop",
+               "aepo_chain": "aepo_rl.integrations.verl.agent_loop.AEPOChainAgentLoop"}
+"""The agent loops the plugin registers by name (``agent_name``, ``rollout.agent.default_agent_loop``)."""
 
 
 class VerlVersionError(ImportError):

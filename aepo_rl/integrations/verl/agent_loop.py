@@ -2,8 +2,9 @@
 
 verl's V1 agent-loop worker runs the n sessions of one prompt as asyncio tasks of one event loop,
 each a fresh agent-loop instance whose ``run()`` returns one trajectory. ``aepo_tree`` makes those n
-sessions the n leaves of one tree (docs/algorithm.md §1): a per-process :class:`TreeCoordinator`
-keyed by ``(uid, global_steps)`` starts the tree when the first session arrives, runs aepo_rl's own
+sessions the n leaves of one tree (docs/algorithm.md §1): the worker's :class:`TreeCoordinator` (one per
+event loop, the only state the loops share) keeps the trees by ``(uid, global_steps)``, starts a tree
+when its first session arrives, runs aepo_rl's own
 controller (:func:`aepo_rl.rollout.tree.run_rollout`, one prompt, n leaves) in a thread over
 :class:`VerlServerEngine`, and hands leaf i to session i. All n leaves are final outputs of the
 prompt's uid, so verl's GRPO groups them together (§2.1).
@@ -16,7 +17,9 @@ return the sampled tokens' log-probs only (no top-k), so branching uses the ``su
 entropy (§1.2). Tool results are appended as token ids with response mask 0; nothing is
 re-tokenised: the leaves' ids are the ids the server generated and the tool results' ids.
 
-The tree's knobs are ``actor_rollout_ref.rollout.custom.aepo.*`` (docs/verl.md).
+The tree's knobs are ``actor_rollout_ref.rollout.custom.aepo.*`` (docs/verl.md). The plugin registers
+both loops by name (:data:`aepo_rl.integrations.verl.AGENT_LOOPS`), so verl imports this module only in
+the agent-loop workers that build one.
 """
 
 from __future__ import annotations
@@ -27,17 +30,18 @@ import re
 import threading
 import time
 import warnings
+import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from aepo_rl.integrations.verl import require_verl
 
 require_verl()
 
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput  # noqa: E402
 
 from aepo_rl.config import ConfigError, RolloutConfig, TaskConfig, load_config  # noqa: E402
 from aepo_rl.engines.base import SamplingParams, Segment  # noqa: E402
@@ -125,34 +129,30 @@ def loop_settings(rollout_config) -> AEPOLoopSettings:
     return AEPOLoopSettings(cfg.rollout, cfg.task, tools, timeout, concurrency)
 
 
-_TOOLS: dict[str, dict] = {}
-_TOOLS_LOCK = threading.Lock()
-
-
-def loop_tools(settings: AEPOLoopSettings, split: str = "train") -> dict:
+def build_tools(settings: AEPOLoopSettings, split: str = "train") -> dict:
     """The task's tools by tag for the questions of ``split`` (:func:`aepo_rl.tasks.base.split_tools`: the
-    validation loop's questions are the task's dev split, which phantomwiki searches in its own universe),
-    built once per process, settings and split (the synthetic task's search index is not free); only the tags
-    of ``custom.aepo.tools`` when it is set."""
+    validation loop's questions are the task's dev split, which phantomwiki searches in its own universe);
+    only the tags of ``custom.aepo.tools`` when it is set. :meth:`TreeCoordinator.tools` keeps them per
+    worker (the synthetic task's search index is not free)."""
     from aepo_rl.tasks import get_task
     from aepo_rl.tasks.base import split_tools
 
     task, tags = settings.task, settings.tools
-    knobs = {f"rollout.{name}": getattr(settings.rollout, name)
-             for name in ("tool_timeout", "tool_workers", "sandbox_write_mb", "sandbox_isolation")}
-    key = repr((sorted(asdict(task).items()), tags, sorted(knobs.items()), split))
-    with _TOOLS_LOCK:
-        if key not in _TOOLS:
-            cfg = load_config("aepo", None, {**{f"task.{name}": value for name, value in asdict(task).items()}, **knobs})
-            tools = split_tools(get_task(cfg), split)
-            if tags is not None:
-                missing = [t for t in tags if t not in tools]
-                if missing:
-                    raise ConfigError(f"{CUSTOM_KEY}.tools names {missing}, which task '{task.name}' does not have; "
-                                      f"its tools: {sorted(tools)}")
-                tools = {t: tools[t] for t in tags}
-            _TOOLS[key] = tools
-        return _TOOLS[key]
+    cfg = load_config("aepo", None, {**{f"task.{name}": value for name, value in asdict(task).items()},
+                                     **_tool_knobs(settings)})
+    tools = split_tools(get_task(cfg), split)
+    if tags is not None:
+        missing = [t for t in tags if t not in tools]
+        if missing:
+            raise ConfigError(f"{CUSTOM_KEY}.tools names {missing}, which task '{task.name}' does not have; "
+                              f"its tools: {sorted(tools)}")
+        tools = {t: tools[t] for t in tags}
+    return tools
+
+
+def _tool_knobs(settings: AEPOLoopSettings) -> dict:
+    return {f"rollout.{name}": getattr(settings.rollout, name)
+            for name in ("tool_timeout", "tool_workers", "sandbox_write_mb", "sandbox_isolation")}
 
 
 # ---------------------------------------------------------------------------------- the engine
@@ -287,7 +287,7 @@ class _Tree:
 
 
 class TreeCoordinator:
-    """The trees of one agent-loop worker process, keyed by ``(uid, global_steps)``.
+    """The trees of one agent-loop worker's event loop, keyed by ``(uid, global_steps)``, and its tools.
 
     The first session of a prompt starts the tree (a thread running aepo_rl's controller); every
     session awaits it (shielded: a cancelled session does not cancel the others' tree) and takes its
@@ -295,9 +295,26 @@ class TreeCoordinator:
     and fails them with TimeoutError; so no session waits forever. A key is dropped once its n
     sessions have collected, or at once on failure; finished trees of older steps are pruned."""
 
-    def __init__(self, max_workers: int = 64):
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_workers: int = 64):
+        self._loop = weakref.ref(loop)  # weak: the loops' class keys its coordinators weakly by this loop
         self._trees: dict[tuple, _Tree] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="aepo-tree")
+        self._tools: dict[str, dict] = {}
+        self._tools_lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop whose sessions this coordinator serves (None once it is gone)."""
+        return self._loop()
+
+    def tools(self, settings: AEPOLoopSettings, split: str = "train") -> dict:
+        """:func:`build_tools`, built once per settings and split (called from the trees' threads)."""
+        key = repr((sorted(asdict(settings.task).items()), settings.tools, sorted(_tool_knobs(settings).items()),
+                    split))
+        with self._tools_lock:
+            if key not in self._tools:
+                self._tools[key] = build_tools(settings, split)
+            return self._tools[key]
 
     def __len__(self) -> int:
         return len(self._trees)
@@ -344,20 +361,6 @@ class TreeCoordinator:
         return leaves[session_id]
 
 
-_COORDINATORS: dict[int, TreeCoordinator] = {}
-
-
-def coordinator(max_workers: int = 64) -> TreeCoordinator:
-    """This process's coordinator for the running event loop (one per loop: verl runs one per worker)."""
-    loop = asyncio.get_running_loop()
-    found = _COORDINATORS.get(id(loop))
-    if found is None or getattr(found, "_loop", None) is not loop:
-        found = TreeCoordinator(max_workers)
-        found._loop = loop
-        _COORDINATORS[id(loop)] = found
-    return found
-
-
 # ---------------------------------------------------------------------------------- the agent loops
 
 def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, prompt_ids: list[int],
@@ -401,10 +404,22 @@ def leaf_output(traj: Trajectory, group: list[Trajectory], global_samples: int, 
 
 class _AEPOLoopBase(AgentLoopBase):
     validation = False
+    coordinators: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+    """The one thing the sessions of a worker share: its :class:`TreeCoordinator`, per running event loop
+    (verl runs one per agent-loop worker; verl builds a fresh loop instance per session). Weakly keyed:
+    a closed and dropped event loop takes its coordinator with it."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.settings = loop_settings(self.rollout_config)
+
+    def coordinator(self) -> TreeCoordinator:
+        """The running event loop's coordinator (made by its first session)."""
+        loop = asyncio.get_running_loop()
+        found = self.coordinators.get(loop)
+        if found is None:
+            found = self.coordinators[loop] = TreeCoordinator(loop, self.settings.max_concurrent_trees)
+        return found
 
     async def _prompt_ids(self, kwargs: dict) -> list[int]:
         if "raw_prompt" not in kwargs:
@@ -426,10 +441,12 @@ class _AEPOLoopBase(AgentLoopBase):
               seed: int, step_of_prompt=None):
         from aepo_rl.rollout.tree import run_rollout
 
+        coordinator = self.coordinator()
+
         def grow():
             t0 = time.perf_counter()
             try:
-                tools = loop_tools(self.settings, "dev" if self.validation else "train")
+                tools = coordinator.tools(self.settings, "dev" if self.validation else "train")
                 result = run_rollout(engine, [(uid, prompt_ids)], tools, self.settings.rollout,
                                      validation=self.validation, sampling=params, seed=seed)
             except BaseException:
@@ -467,7 +484,6 @@ def _warn_if_validation(rollout_config, sampling_params: dict) -> None:
                   "(aepo verl-data does)", UserWarning, stacklevel=2)
 
 
-@register("aepo_tree")
 class AEPOTreeAgentLoop(_AEPOLoopBase):
     """n sessions of a prompt = the n leaves of one AEPO tree (§1), through the worker's TreeCoordinator."""
 
@@ -486,11 +502,10 @@ class AEPOTreeAgentLoop(_AEPOLoopBase):
             engine = self._engine(uid, extra)
             return engine, self._grow(engine, prompt_ids, uid, params, _seed(uid, steps), kwargs.get("global_steps"))
 
-        return await coordinator(self.settings.max_concurrent_trees).leaf(
+        return await self.coordinator().leaf(
             (uid, steps), session_id, n, build, self.settings.tree_timeout)
 
 
-@register("aepo_chain")
 class AEPOChainAgentLoop(_AEPOLoopBase):
     """One independent multi-turn trajectory per session (no tree): validation, greedy when verl's
     val_kwargs.temperature is 0."""
@@ -504,7 +519,7 @@ class AEPOChainAgentLoop(_AEPOLoopBase):
         params, extra = self._sampling(sampling_params)
         engine = self._engine(f"{uid}/{session}", extra)
         grow = self._grow(engine, prompt_ids, uid, params, _seed(uid, session), kwargs.get("global_steps"))
-        pool = coordinator(self.settings.max_concurrent_trees).pool  # not the loop's default executor (verl's)
+        pool = self.coordinator().pool  # not the loop's default executor (verl's)
         leaves = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(pool, grow),
                                         self.settings.tree_timeout)
         return leaves[0]

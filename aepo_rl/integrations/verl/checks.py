@@ -1,18 +1,16 @@
 """What the plugin refuses before verl builds anything: checks of main_ppo's config in its driver.
 
 verl's ``main_ppo`` calls ``verl.utils.config.validate_config`` on the composed config before it starts
-Ray. :func:`install` (run by the plugin inside ``import verl``, before ``main_ppo`` imports the name)
-wraps it: verl's checks first, then :func:`check_trainer_config`, which refuses the settings the
-plugin cannot honour (docs/verl.md, "Support matrix") and resolves ``rollout.custom.aepo`` with the
-agent loop's own rules, so a bad key stops the run at start instead of failing every session later.
+Ray. The plugin wraps it (:func:`aepo_rl.integrations.verl.plugin.wrap_validate_config`): verl's checks
+first, then :func:`check_trainer_config`, which refuses the settings the plugin cannot honour
+(docs/verl.md, "Support matrix") and resolves ``rollout.custom.aepo`` with the agent loop's own rules, so
+a bad key stops the run at start instead of failing every session later.
 """
 
 from __future__ import annotations
 
-from aepo_rl.config import ConfigError
+from aepo_rl.integrations.verl import AGENT_LOOPS, LOSS_MODES
 
-LOSS_MODES = ("aepo", "gppo")
-AGENT_LOOPS = ("aepo_tree", "aepo_chain")
 ROLLOUT = "actor_rollout_ref.rollout"
 ROLLOUT_N_COLUMN = "__rollout_n__"
 
@@ -58,6 +56,8 @@ def refusals(config) -> list[str]:
     """Why this config cannot run with the plugin: one message per problem, each naming the key and the fix."""
     problems = []
     loops, loss = uses_aepo_loops(config), uses_aepo_loss(config)
+    if not (loops or loss):
+        return []
     name = _get(config, f"{ROLLOUT}.name", "vllm")
     if loops and name == "sglang":
         problems.append(
@@ -94,36 +94,14 @@ def refusals(config) -> list[str]:
 
 
 def check_trainer_config(config) -> None:
-    """ConfigError listing every refusal; then ``rollout.custom.aepo`` resolved as the agent loop will."""
+    """ConfigError listing every refusal; then ``rollout.custom.aepo`` resolved as the agent loop will. A
+    config without AEPO's losses or loops passes without loading more of aepo-rl than this module."""
     problems = refusals(config)
     if problems:
+        from aepo_rl.config import ConfigError
+
         raise ConfigError("aepo-rl verl plugin refuses this config:\n  - " + "\n  - ".join(problems))
     if uses_aepo_loops(config):
         from aepo_rl.integrations.verl.agent_loop import loop_settings
 
         loop_settings(config.actor_rollout_ref.rollout)
-
-
-def install() -> None:
-    """Wrap ``verl.utils.config.validate_config`` (idempotent)."""
-    from verl.utils import config as verl_config
-
-    original = verl_config.validate_config
-    if getattr(original, "__aepo_wrapper__", False):
-        return
-
-    def validate_config(config, *args, **kwargs):
-        result = original(config, *args, **kwargs)
-        check_trainer_config(config)
-        return result
-
-    validate_config.__aepo_wrapper__ = True
-    validate_config.__wrapped__ = original
-    verl_config.validate_config = validate_config
-
-
-def installed() -> bool:
-    import sys
-
-    module = sys.modules.get("verl.utils.config")
-    return module is None or getattr(module.validate_config, "__aepo_wrapper__", False)

@@ -1,4 +1,4 @@
-"""The ``aepo`` and ``gppo`` policy losses in verl's policy-loss registry, and the entropy they need.
+"""The ``aepo`` and ``gppo`` policy losses of verl's policy-loss registry, and the entropy they need.
 
 Both compute the per-token loss with aepo_rl's own core (:mod:`aepo_rl.algorithms.losses`: §2.2
 entropy-aware advantage, §2.3 clipped surrogate with the stop-gradient upper bound, §4.6 GPPO) and
@@ -6,17 +6,16 @@ hand the loss matrix to verl's ``agg_loss`` with ``config.global_batch_info``, s
 (§2.5) is verl's, normalised over the global batch across data-parallel ranks.
 
 Entropy. verl 0.9.1's ``ppo_loss`` computes the current policy's token entropies (when
-``actor.calculate_entropy=true``) but does not pass them to policy-loss functions. :func:`ppo_loss`
-below wraps verl's: for ``loss_mode`` aepo/gppo it puts the padded, detached entropies in a
-:class:`contextvars.ContextVar` for the duration of the call, and the registered loss reads them.
-:func:`install` binds the wrapper as ``verl.workers.utils.losses.ppo_loss`` (and in the modules that
-imported the name before the plugin ran), so ``engine_workers`` builds ``partial(ppo_loss, …)`` on it.
+``actor.calculate_entropy=true``) but does not pass them to policy-loss functions. The plugin rebinds
+verl's ``ppo_loss`` to a wrapper (:mod:`.plugin`) that, for ``loss_mode`` aepo/gppo, calls
+:func:`ppo_loss_with_entropy`: verl's own ``ppo_loss`` with the padded, detached entropies in a
+:class:`contextvars.ContextVar` for the duration of the call, where the registered loss reads them.
+The plugin registers the losses itself (:data:`POLICY_LOSSES`) and loads this module on their first call.
 """
 
 from __future__ import annotations
 
 import contextvars
-import sys
 from dataclasses import dataclass
 
 from aepo_rl.integrations.verl import require_verl
@@ -25,19 +24,14 @@ require_verl()
 
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
-from verl.workers.utils import losses as verl_losses  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 
 from aepo_rl.algorithms.losses import aepo_policy_loss, gppo_policy_loss  # noqa: E402
 from aepo_rl.config import AlgorithmConfig  # noqa: E402
 
-LOSS_MODES = ("aepo", "gppo")
-"""The loss modes this plugin registers; ``ppo_loss`` forwards the entropy for these only."""
-
 VERL_SCOPES = ("micro-batch",)
 
 _ENTROPY: contextvars.ContextVar = contextvars.ContextVar("aepo_verl_entropy", default=None)
-_ORIGINAL_PPO_LOSS = None
 
 
 @dataclass
@@ -114,7 +108,6 @@ def _fp32(*tensors):
     return tuple(t.float() for t in tensors)
 
 
-@core_algos.register_policy_loss("aepo")
 def aepo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
               rollout_is_weights=None):
     """AEPO (§2.2 + §2.3) with verl's policy-loss signature; the entropy comes from :func:`ppo_loss`."""
@@ -132,7 +125,6 @@ def aepo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="
                             aggregate=_aggregate(config, loss_agg_mode, rollout_is_weights))
 
 
-@core_algos.register_policy_loss("gppo")
 def gppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
               rollout_is_weights=None):
     """GPPO (§4.6): both clip bounds gradient-preserving, dual clip kept; verl's signature."""
@@ -143,48 +135,18 @@ def gppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="
                             aggregate=_aggregate(config, loss_agg_mode, rollout_is_weights))
 
 
-def ppo_loss(config, model_output, data, dp_group=None):
-    """verl's ``ppo_loss``, with the current entropies made visible to the aepo/gppo losses (detached:
+POLICY_LOSSES = {"aepo": aepo_loss, "gppo": gppo_loss}
+"""What the plugin's registered ``aepo``/``gppo`` entries call (one per name of LOSS_MODES)."""
+
+
+def ppo_loss_with_entropy(verl_ppo_loss, config, model_output, data, dp_group=None):
+    """verl's ``ppo_loss`` with the current entropies made visible to the aepo/gppo losses (detached:
     the entropy-aware advantage passes no gradient through H, §2.2)."""
-    mode = config.policy_loss.get("loss_mode", "vanilla") if config.get("policy_loss", None) is not None else "vanilla"
-    if mode not in LOSS_MODES:
-        return _ORIGINAL_PPO_LOSS(config, model_output, data, dp_group)
     entropy = model_output.get("entropy", None)
     if entropy is not None:
         entropy = no_padding_2_padding(entropy, data).detach().float()  # fp32 statistics (see _fp32)
     token = _ENTROPY.set(entropy)
     try:
-        return _ORIGINAL_PPO_LOSS(config, model_output, data, dp_group)
+        return verl_ppo_loss(config, model_output, data, dp_group)
     finally:
         _ENTROPY.reset(token)
-
-
-ppo_loss.__aepo_wrapper__ = True
-
-REBOUND_MODULES = ("verl.workers.utils.losses", "verl.workers.engine_workers", "verl.trainer.distillation.losses")
-"""Modules that bind the name ``ppo_loss``: verl's own, and the two that import it by name."""
-
-
-def install() -> None:
-    """Bind :func:`ppo_loss` in verl's losses module and in every already-imported module that bound
-    verl's. Later importers (``engine_workers`` is imported after ``import verl`` ran the plugin)
-    get the wrapper from the losses module itself. Idempotent."""
-    global _ORIGINAL_PPO_LOSS
-    current = verl_losses.ppo_loss
-    if _ORIGINAL_PPO_LOSS is None:
-        _ORIGINAL_PPO_LOSS = current if not getattr(current, "__aepo_wrapper__", False) else None
-        if _ORIGINAL_PPO_LOSS is None:
-            raise RuntimeError("aepo verl plugin: verl's ppo_loss is already wrapped by another copy of the plugin")
-    for name in REBOUND_MODULES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "ppo_loss", None) is _ORIGINAL_PPO_LOSS:
-            module.ppo_loss = ppo_loss
-
-
-def installed() -> bool:
-    """The wrapper is what verl's losses module and every loaded module of REBOUND_MODULES call."""
-    return all(getattr(sys.modules[name], "ppo_loss", None) is ppo_loss
-               for name in REBOUND_MODULES if name in sys.modules)
-
-
-install()

@@ -21,6 +21,7 @@ tree instead), hence their own ``rollout/aepo/`` prefix:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 PREFIX = "rollout/aepo/"
 
@@ -56,20 +57,20 @@ def _as_list(values) -> list:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
-def install(_trainer_sync_module=None) -> None:
+def install(trainer_sync) -> Callable[[], None]:
     """Replace verl's registered ``sync`` trainer by a subclass whose ``_compute_metrics`` adds
-    :func:`rollout_metrics` when the AEPO agent loops are in use (idempotent). The plugin runs it right
-    after verl imports ``verl.trainer.ppo.v1.trainer_sync``."""
+    :func:`rollout_metrics` when the AEPO agent loops are in use; returns the function that puts verl's
+    back. The plugin runs it right after verl imports ``verl.trainer.ppo.v1.trainer_sync``. verl's
+    ``register_trainer`` refuses a second class under a taken name, hence the registry entry is set here."""
     from verl.trainer.ppo.v1 import trainer_base
 
     base = trainer_base.TRAINER_REGISTRY["sync"]
-    if getattr(base, "__aepo_metrics__", False):
-        return
+    if base is not trainer_sync.PPOTrainerSync:
+        raise RuntimeError(f"verl's 'sync' trainer is {base.__module__}.{base.__qualname__}, not verl's "
+                           "PPOTrainerSync (another plugin, or a second copy of this one)")
 
     class AEPOMetricsSyncTrainer(base):
         """verl's sync trainer; its step metrics also hold AEPO's rollout metrics (aepo_rl.integrations.verl.metrics)."""
-
-        __aepo_metrics__ = True
 
         def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
             super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -86,3 +87,9 @@ def install(_trainer_sync_module=None) -> None:
 
     AEPOMetricsSyncTrainer.__qualname__ = AEPOMetricsSyncTrainer.__name__ = f"AEPOMetrics{base.__name__}"
     trainer_base.TRAINER_REGISTRY["sync"] = AEPOMetricsSyncTrainer
+
+    def undo():
+        if trainer_base.TRAINER_REGISTRY.get("sync") is AEPOMetricsSyncTrainer:
+            trainer_base.TRAINER_REGISTRY["sync"] = base
+
+    return undo
