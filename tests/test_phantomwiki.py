@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import types
@@ -23,7 +24,7 @@ from aepo_rl.config import load_config
 from aepo_rl.errors import UserError
 from aepo_rl.rewards import answer_list_scores, get_reward, reward_function
 from aepo_rl.tasks import get_task
-from aepo_rl.tasks.phantomwiki import INSTALL, PhantomWikiError, parse_chain, read_universe
+from aepo_rl.tasks.phantomwiki import INSTALL, PhantomWikiError, name_parts, parse_chain, read_universe
 
 from helpers import HAVE_GENERATOR, TINY_UNIVERSES, needs_generator
 
@@ -176,6 +177,23 @@ def test_bad_universe_folders_stop_before_any_model_naming_file_and_fix(tmp_path
     assert issubclass(PhantomWikiError, UserError)
 
 
+def test_renaming_draws_names_like_the_universes_own_and_keeps_gender(tmp_path, monkeypatch):
+    import aepo_rl.tasks.phantomwiki as pw
+
+    universe = read_universe(write_universe(tmp_path / "u"))
+    universe.facts["Ann Lee"]["gender"], universe.facts["Bo Lee"]["gender"] = ["female"], ["male"]
+    monkeypatch.setattr(pw.importlib.util, "find_spec", lambda name: None)  # a folder of universes, no generator
+    parts = name_parts(universe)
+    assert (parts.female, parts.male, parts.last) == (("Ann",), ("Bo",), ("Lee",))
+    rng = random.Random(0)
+    assert {parts.draw(rng, "female") for _ in range(5)} == {"Ann Lee"}
+    assert {parts.draw(rng) for _ in range(50)} == {"Ann Lee", "Bo Lee"}
+    monkeypatch.undo()
+    if importlib.util.find_spec("phantom_wiki") is not None:  # the generator's own lists
+        parts = name_parts(universe)
+        assert len(parts.female) > 100 and len(parts.last) > 1000 and "Ann" not in parts.male
+
+
 def test_read_universe_names_a_malformed_fact(tmp_path):
     folder = write_universe(tmp_path / "u")
     articles = json.loads((folder / "articles.json").read_text())
@@ -228,12 +246,20 @@ def test_the_teacher_answers_held_out_questions_and_demonstrations_hide_real_nam
     demos = task.demonstrations()
     assert demos and 0 < sum(d.has_error for d in demos) < len(demos)
     people = {name for universe in task.universes.values() for name in universe.facts}
+    parts = name_parts(task.universes["train"])
     for demo in demos:
         text = demo.example.question + "".join(piece for piece, _ in demo.pieces)
         assert not any(name in text for name in people)
         answer = next(piece for piece, trained in reversed(demo.pieces) if trained)
+        searched = re.findall(r"<search> (.*?)</search>", text)
+        assert searched  # no mistake skips the searches (the cheapest behaviour to imitate)
         if not demo.has_error:
             assert task.correct(demo.example, answer)
+        for name in (q for q in searched if re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", q)):  # renamed like the generator
+            first, last = name.split(" ")
+            assert first in parts.female + parts.male and last in parts.last
+    detours = [d for d in demos if d.has_error and task.correct(d.example, d.pieces[-1][0])]
+    assert detours and all(sum(tr and "<search>" in p for p, tr in d.pieces) >= 2 for d in detours)
     texts = "\n".join(task.texts())
     assert not any(name in texts for name in people)
 

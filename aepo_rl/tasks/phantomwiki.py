@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -39,7 +40,7 @@ from aepo_rl.errors import UserError
 from aepo_rl.rewards import ANSWER_SEP, answer_list_scores, extract_answer, get_reward
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, split_examples, system_prompt
-from aepo_rl.tasks.synthetic import Solution, _syllable_word, renamed, teacher_pieces
+from aepo_rl.tasks.synthetic import Solution, renamed, teacher_pieces
 from aepo_rl.tools.base import Tool
 
 SPLITS = ("train", "dev", "test")
@@ -330,12 +331,44 @@ def follow_chain(chain: Chain, search: Tool, max_searches: int | None = None
     return queries, sorted(set(answers))
 
 
-ERROR_KINDS = ("skipped_search", "partial_answer")
+ERROR_KINDS = ("detour", "partial_answer")
+"""The teacher's deliberate mistakes: a search of the wrong person before the right one (the searches are all
+kept and the answer is right), or an answer list missing one item. Neither skips a search: a demonstration
+that answers without searching is the cheapest behaviour to imitate (docs/tasks-and-rewards.md)."""
 
 
-def invented_name(rng: random.Random) -> str:
-    """A fresh full name of two syllable words (the synthetic world's), for a person of a demonstration."""
-    return f"{_syllable_word(rng)} {_syllable_word(rng)}"
+@dataclass(frozen=True)
+class NameParts:
+    """First names by gender and last names that a demonstration's people are renamed with: the generator's own
+    lists, so a renamed demonstration's names look like a held-out universe's."""
+
+    female: tuple[str, ...]
+    male: tuple[str, ...]
+    last: tuple[str, ...]
+
+    def draw(self, rng: random.Random, gender: str | None = None) -> str:
+        first = self.female if gender == "female" else self.male if gender == "male" else self.female + self.male
+        return f"{rng.choice(first)} {rng.choice(self.last)}"
+
+
+def name_parts(universe: Universe) -> NameParts:
+    """The generator's first- and last-name lists (``phantom_wiki/facts/family/names``) when the package is
+    installed, else the first and last names of ``universe``'s people (a user's folder of universes)."""
+    spec = importlib.util.find_spec("phantom_wiki")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "facts" / "family" / "names" if spec else None
+    files = {key: folder / f"{key}_names.json" for key in ("female", "male", "last")} if folder else {}
+    if files and all(path.is_file() for path in files.values()):
+        lists = {key: tuple(json.loads(path.read_text(encoding="utf-8"))) for key, path in files.items()}
+        if all(lists.values()):
+            return NameParts(**lists)
+    first: dict[str, set[str]] = {"female": set(), "male": set()}
+    last: set[str] = set()
+    for name, facts in universe.facts.items():
+        given, _, family = name.rpartition(" ")
+        first["female" if facts.get("gender") == ["female"] else "male"].add(given or family)
+        last.add(family)
+    both = tuple(sorted(first["female"] | first["male"]))
+    return NameParts(tuple(sorted(first["female"])) or both, tuple(sorted(first["male"])) or both, tuple(sorted(last)))
 
 
 # ---------------------------------------------------------------- the task
@@ -422,9 +455,10 @@ class PhantomWikiTask:
     def demonstrations(self) -> list[Demonstration]:
         """Teacher trajectories on the training questions its chain answers correctly in at most
         ``task.phantomwiki_max_searches`` searches (at most ``task.num_demonstrations``); a share
-        ``teacher_error_rate`` carries a deliberate error (a skipped search with a guessed answer, or
-        an answer list missing one item), and every person's name is replaced by a fresh invented one
-        throughout a demonstration, so SFT learns to copy names rather than remember them."""
+        ``teacher_error_rate`` carries a deliberate error (:data:`ERROR_KINDS`), and every person's name is
+        replaced by a fresh one drawn like the generator's (:func:`name_parts`, the person's gender kept)
+        throughout a demonstration, so SFT learns to copy names of the kind a held-out universe has rather
+        than remember the training universe's."""
         if self._demos is None:
             cfg, rng = self.cfg, random.Random(f"phantomwiki-teacher-{self.cfg.seed}")
             tools = self.split_tools("train")
@@ -437,9 +471,29 @@ class PhantomWikiTask:
                     solution = self._mistake(example, solution, rng)
                 pieces = teacher_pieces(solution, tools, self.tool_format)
                 demo = Demonstration(example, pieces, has_error=i in flawed)  # each person renamed throughout
-                demos.append(renamed(demo, self.name_pattern, lambda: invented_name(names), info_keys=()))
+                demos.append(renamed(demo, self.name_pattern, self._fresh_names(names), info_keys=()))
             self._demos = demos
         return self._demos
+
+    def _fresh_names(self, rng: random.Random) -> Callable[[str], str]:
+        """A person's name → a fresh name of the same gender, none drawn twice (and no real person's) for one
+        demonstration."""
+        used: set[str] = set()
+        facts = {name: f for universe in self.universes.values() for name, f in universe.facts.items()}
+
+        def fresh(name: str) -> str:
+            gender = (facts.get(name, {}).get("gender") or [None])[0]
+            while True:
+                new = self.names.draw(rng, gender)
+                if new not in used and new not in facts:
+                    used.add(new)
+                    return new
+
+        return fresh
+
+    @functools.cached_property
+    def names(self) -> NameParts:
+        return name_parts(self.universes["train"])
 
     def demonstrations_for(self, split: str) -> list[Demonstration]:
         """Error-free teacher trajectories, names as they are, on the questions of ``split`` the teacher
@@ -459,23 +513,18 @@ class PhantomWikiTask:
         return solved
 
     def _mistake(self, example: Example, solution: Solution, rng: random.Random) -> Solution:
-        """A wrong version of ``solution``: no search and a guessed answer of the same kind, or (for a list)
-        the right searches and an answer missing one item."""
+        """A flawed version of ``solution`` (:data:`ERROR_KINDS`): for a list, sometimes the right searches and an
+        answer missing one item; else a detour, a search of the wrong person (one named on the page read
+        before, else anyone of the universe) before one of the right searches, and the right answer."""
         answers = solution.answer.split(f"{ANSWER_SEP} ")
         if rng.choice(ERROR_KINDS) == "partial_answer" and len(answers) > 1:
             answers.pop(rng.randrange(len(answers)))
             return Solution(solution.queries, None, f"{ANSWER_SEP} ".join(answers))
-        universe = self.universes["train"]
-        if example.extra_info["is_aggregation"]:
-            pool = [str(n) for n in range(6)]
-        elif answers[0] in universe.facts:
-            pool = list(universe.facts)
-        else:
-            pool = sorted({v for f in universe.facts.values() for vs in f.values() for v in vs})
-        while True:
-            guess = rng.choice(pool)
-            if answer_list_scores(guess, example.answers)["em"] < 1.0:
-                return Solution([], None, guess)
+        queries = solution.queries
+        at = rng.randrange(len(queries))
+        shown = self.name_pattern.findall(self.split_tools("train")["search"].run(queries[at - 1])) if at else []
+        wrong = sorted(set(shown) - set(queries)) or sorted(set(self.universes["train"].facts) - set(queries))
+        return Solution(queries[:at] + [rng.choice(wrong)] + queries[at:], None, solution.answer)
 
     @functools.cached_property
     def name_pattern(self) -> re.Pattern:
@@ -485,11 +534,11 @@ class PhantomWikiTask:
 
     def texts(self) -> list[str]:
         """Training text for the tokenizer (prompts, the training universe's articles, demonstrations), every
-        person's name replaced by a fresh invented one at each occurrence: no name is frequent enough to become
-        a token, so names of the training and the held-out universes split alike."""
+        person's name replaced by a fresh one drawn like the generator's at each occurrence: no full name is
+        frequent enough to become a token, and names of the training and the held-out universes split alike."""
         docs = [f"{d['title']}\n{d['text']}" for d in self.corpus("train")]
         demos = ["".join(text for text, _ in d.pieces) for d in self.demonstrations()]
         prompts = [m["content"] for e in self.examples("train") for m in e.messages]
         rng = random.Random(f"phantomwiki-tokenizer-{self.cfg.seed}")
-        return [self.name_pattern.sub(lambda _: invented_name(rng), text)
+        return [self.name_pattern.sub(lambda _: self.names.draw(rng), text)
                 for text in [*prompts, *docs, *demos]]

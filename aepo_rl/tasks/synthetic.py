@@ -488,14 +488,14 @@ def name_words(world: World) -> set[str]:
     return {w for name in [*world.people, *world.cities] for w in name.split()} | {name.split()[0] for name in world.orgs}
 
 
-def renamed(demo: Demonstration, names: re.Pattern, new_name: Callable[[], str],
+def renamed(demo: Demonstration, names: re.Pattern, new_name: Callable[[str], str],
             info_keys: tuple[str, ...] = ("roots", "entities")) -> Demonstration:
-    """``demo`` with each distinct match of ``names`` replaced by one ``new_name()`` throughout: question,
+    """``demo`` with each distinct match of ``names`` replaced by one ``new_name(match)`` throughout: question,
     messages, answers, pieces and the name lists ``info_keys`` of its ``extra_info``."""
     fresh: dict[str, str] = {}
 
     def rename(text: str) -> str:
-        return names.sub(lambda m: fresh.setdefault(m.group(0), new_name()), text)
+        return names.sub(lambda m: fresh.setdefault(m.group(0), new_name(m.group(0))), text)
 
     ex = demo.example
     info = {**ex.extra_info, **{key: [rename(name) for name in ex.extra_info[key]] for key in info_keys}}
@@ -507,7 +507,7 @@ def renamed(demo: Demonstration, names: re.Pattern, new_name: Callable[[], str],
 
 def _renamed(demo: Demonstration, names: re.Pattern, rng: random.Random) -> Demonstration:
     """``demo`` with each distinct name word replaced by one fresh invented word throughout."""
-    return renamed(demo, names, lambda: _syllable_word(rng))
+    return renamed(demo, names, lambda _: _syllable_word(rng))
 
 
 # ---------------------------------------------------------------- the task
