@@ -29,8 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aepo_rl.config import (TRL_ALIASES, Config, ConfigError, carry_mini_batch, load_config, set_key, to_dict,
-                            to_yaml, validate)
+from aepo_rl.config import (
+    TRL_ALIASES,
+    Config,
+    ConfigError,
+    carry_mini_batch,
+    load_config,
+    set_key,
+    to_dict,
+    to_yaml,
+    validate,
+)
 from aepo_rl.evaluate import evaluate
 from aepo_rl.hf_callbacks import HFCallback, is_hf_callback
 from aepo_rl.models import check_model_dir, save_policy
@@ -40,12 +49,30 @@ from aepo_rl.tasks.base import Task
 from aepo_rl.tasks.common import ToolOptions
 from aepo_rl.tasks.dataset import BUILT_WITH_CONFIG, DatasetTask, dataset_rows
 from aepo_rl.train import checkpoint as ckpt
+from aepo_rl.train.pipeline import (
+    RunInterrupted,
+    StageHooks,
+    _eval_examples,
+    _forget_stale_results,
+    _get_task,
+    _lookup,
+    _read_json,
+    _rl_trainer,
+    _sigterm_like_ctrl_c,
+    _undo_failed_start,
+    before_after_table,
+    check_rl_engine,
+    evaluate_model,
+    evaluation_title,
+    load_run_config,
+    new_run_dir,
+    resume_config,
+    run_rl_stage,
+    run_sft_stage,
+    run_started,
+    write_plots,
+)
 from aepo_rl.train.sft_data import load_sft_data
-from aepo_rl.train.pipeline import (RunInterrupted, StageHooks, _eval_examples, _forget_stale_results, _get_task,
-                                    _lookup, _read_json, _rl_trainer, _sigterm_like_ctrl_c, _undo_failed_start,
-                                    before_after_table, check_rl_engine, evaluate_model, evaluation_title,
-                                    load_run_config, new_run_dir, resume_config, run_rl_stage, run_started,
-                                    run_sft_stage, write_plots)
 from aepo_rl.trl_config import Mapped, explicit_fields, known, map_trl_args
 
 DATASET_RUN = "dataset_run.json"

@@ -24,7 +24,6 @@ import yaml
 from aepo_rl import registry
 from aepo_rl.errors import UserError
 
-
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 """The values ``trainer.device`` accepts (``aepo_rl.models.resolve_device`` turns them into a torch device)."""
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")

@@ -49,8 +49,15 @@ from aepo_rl.rollout.tree import continue_rollout, fork_copy, premonitor_probes,
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.base import Example, Task
 from aepo_rl.train.checkpoint import find_trained_model
-from aepo_rl.train.rl import (RLTrainer, accumulate_gradients, batched_logprobs, build_optimizer, collate,
-                              response_logprobs, train_temperature)
+from aepo_rl.train.rl import (
+    RLTrainer,
+    accumulate_gradients,
+    batched_logprobs,
+    build_optimizer,
+    collate,
+    response_logprobs,
+    train_temperature,
+)
 
 
 @dataclass

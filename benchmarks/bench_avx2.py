@@ -129,8 +129,8 @@ def run_child(capability: str, phase: str, cache_dir: str, model_dir: str, count
 def job_units(cache_dir: str) -> dict[str, int]:
     """How many units of each phase ``aepo train`` runs: warm-up steps (at least), SFT steps, evaluated
     questions (before and after RL), RL steps."""
-    from aepo_rl.tasks import get_task
     from aepo_rl.models.copy_warmup import CIRCUIT_STEPS
+    from aepo_rl.tasks import get_task
 
     cfg = job_config(cache_dir)
     task = get_task(cfg)

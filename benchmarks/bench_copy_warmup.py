@@ -19,10 +19,16 @@ import torch
 
 from aepo_rl.config import load_config, parse_overrides
 from aepo_rl.models import init_tiny_model, train_tiny_tokenizer
-from aepo_rl.tasks import get_task
-from aepo_rl.models.copy_warmup import (CIRCUIT_STEPS, COPY_BATCH, copy_batch, copy_warmup, induction_circuit,
-                                       repeated_half_accuracy)
+from aepo_rl.models.copy_warmup import (
+    CIRCUIT_STEPS,
+    COPY_BATCH,
+    copy_batch,
+    copy_warmup,
+    induction_circuit,
+    repeated_half_accuracy,
+)
 from aepo_rl.models.forward import lm_head, packed_hidden
+from aepo_rl.tasks import get_task
 
 
 @torch.no_grad()

@@ -25,12 +25,12 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+from bench_rollout import pseudo_text, random_prompts  # noqa: E402
 
 from aepo_rl.config import ModelConfig  # noqa: E402
 from aepo_rl.engines.base import SamplingParams  # noqa: E402
 from aepo_rl.engines.hf import HFEngine  # noqa: E402
 from aepo_rl.models import init_tiny_model, load_smollm2_gguf, train_tiny_tokenizer  # noqa: E402
-from bench_rollout import pseudo_text, random_prompts  # noqa: E402
 
 
 def tokens_per_s(model, tokenizer, prompts, new_tokens: int, threads: int | None) -> float:

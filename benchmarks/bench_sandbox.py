@@ -20,13 +20,12 @@ bwrap's own only.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
-import time
-
-import os
 import subprocess
 import sys
+import time
 
 from aepo_rl.tools.python import ISOLATION_MODES, RUNNER, PythonSandbox, SandboxUnavailable
 

@@ -33,15 +33,14 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from bench_decode_threads import print_speeds  # noqa: E402
+from bench_rollout import pseudo_text, random_prompts  # noqa: E402
 
 from aepo_rl.config import ModelConfig  # noqa: E402
 from aepo_rl.engines.base import SamplingParams  # noqa: E402
 from aepo_rl.engines.hf import HFEngine  # noqa: E402
 from aepo_rl.models import init_tiny_model, torch_dtype, train_tiny_tokenizer  # noqa: E402
 from aepo_rl.registry import ARCHITECTURES  # noqa: E402
-from bench_decode_threads import print_speeds  # noqa: E402
-from bench_rollout import pseudo_text, random_prompts  # noqa: E402
-
 
 QWEN3_VOCAB = 151936
 

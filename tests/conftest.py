@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-
 from helpers import _trl_missing, _verl_missing, _vllm_missing, build_tiny_model, build_tiny_tokenizer
 
 

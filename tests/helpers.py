@@ -10,6 +10,7 @@ import shutil
 import httpx
 import pytest
 import torch
+from fakes import EchoSearch
 from transformers import Qwen3ForCausalLM
 
 from aepo_rl.config import RolloutConfig, load_config
@@ -21,9 +22,6 @@ from aepo_rl.rollout.trajectory import Round, Trajectory
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.phantomwiki import INSTALL
 from aepo_rl.train.rl import Batch, FixedTensors
-
-from fakes import EchoSearch
-
 
 # ---------------------------------------------------------------- a tiny random Qwen3, its byte-level BPE tokenizer
 

@@ -4,11 +4,16 @@ import math
 
 import pytest
 import torch
-
-from aepo_rl.algorithms import (ADVANTAGE_ESTIMATORS, PolicyLossConfig, filter_groups, get_advantage_estimator,
-                                overlong_penalty)
-from aepo_rl.train.rl import anchor_keys
 from helpers import make_traj
+
+from aepo_rl.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    PolicyLossConfig,
+    filter_groups,
+    get_advantage_estimator,
+    overlong_penalty,
+)
+from aepo_rl.train.rl import anchor_keys
 
 EPS = 1e-6
 # Rows: group "a" = rewards 1, 0, 0; group "b" = a single row, reward 0.5; group "c" = two equal rewards.

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from aepo_rl.algorithms import (AGG_MODES, agg_loss, entropy_bonus, entropy_from_logits, kl_penalty,
-                                micro_batch_weight)
+from aepo_rl.algorithms import AGG_MODES, agg_loss, entropy_bonus, entropy_from_logits, kl_penalty, micro_batch_weight
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, -7.0, -7.0], [9.0, 9.0, 9.0, 9.0]])
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])  # row 2 is empty

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY_RL, TextTask, VaryingRewardTask, tiny_cfg
 
 from aepo_rl import models, registry
 from aepo_rl.config import ConfigError, load_config
@@ -12,7 +13,6 @@ from aepo_rl.models import init_random_model, load_policy
 from aepo_rl.registry import UnknownNameError
 from aepo_rl.train import pipeline
 from aepo_rl.train.rl import RLTrainer
-from helpers import TINY_RL, TextTask, VaryingRewardTask, tiny_cfg
 
 QWEN3_VOCAB = 151936
 

@@ -9,13 +9,13 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_RL, VaryingRewardTask, build_tiny_model
 from safetensors.torch import load_file
 
 from aepo_rl.config import load_config
 from aepo_rl.models import save_policy
 from aepo_rl.train import checkpoint as ckpt
 from aepo_rl.train.pipeline import run_rl_stage
-from helpers import TINY_RL, VaryingRewardTask, build_tiny_model
 
 
 def test_atomic_write_replaces_the_file_or_leaves_it_untouched(tmp_path, monkeypatch):

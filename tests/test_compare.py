@@ -10,8 +10,17 @@ import yaml
 
 import aepo_rl.compare.plots
 import aepo_rl.compare.runner
-from aepo_rl.compare import (Arm, arm_configs, compare_main, mean_ci95, parse_arm, preset_configs, student_t_critical,
-                             user_overrides, windowed_drift)
+from aepo_rl.compare import (
+    Arm,
+    arm_configs,
+    compare_main,
+    mean_ci95,
+    parse_arm,
+    preset_configs,
+    student_t_critical,
+    user_overrides,
+    windowed_drift,
+)
 from aepo_rl.config import ConfigError, from_dict, load_config
 
 # t_{0.975, df} from standard tables

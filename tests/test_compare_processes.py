@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_PIPELINE
 
 ROOT = Path(__file__).resolve().parents[1]

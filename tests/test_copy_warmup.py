@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-from aepo_rl.models.copy_warmup import (COPY_LENGTHS, copy_batch, copy_warmup, induction_circuit, repeated_half,
-                                       repeated_half_accuracy)
+from aepo_rl.models.copy_warmup import (
+    COPY_LENGTHS,
+    copy_batch,
+    copy_warmup,
+    induction_circuit,
+    repeated_half,
+    repeated_half_accuracy,
+)
 from tests.conftest import build_tiny_model
 
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from helpers import TINY_RL, TextTask, VaryingRewardTask, build_tiny_model, demo, tiny_cfg
 
 from aepo_rl import models
 from aepo_rl.config import ConfigError, load_config
@@ -15,7 +16,6 @@ from aepo_rl.models import enable_gradient_checkpointing, load_policy, model_dev
 from aepo_rl.models.forward import recomputes_layers
 from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft import run_sft
-from helpers import TINY_RL, TextTask, VaryingRewardTask, build_tiny_model, demo, tiny_cfg
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])

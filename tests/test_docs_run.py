@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import _trl_missing
 
 from aepo_rl import cli, registry
 from aepo_rl.train.checkpoint import save_checkpoint
-
-from helpers import _trl_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -6,12 +6,11 @@ import math
 
 import pytest
 import torch
+from helpers import Recorder, encode
 
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.sampling import release_top10_proxy, sample_tokens, token_statistics
-
-from helpers import Recorder, encode
 
 
 def test_satisfies_protocol(tiny_model, tiny_tokenizer):

@@ -8,6 +8,7 @@ import socket
 
 import httpx
 import pytest
+from helpers import TOP, FakeServer, make_engine
 
 from aepo_rl.config import Config
 from aepo_rl.engines import build_engine
@@ -16,8 +17,6 @@ from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.openai import OpenAIEngine, top_k_proxy
 from aepo_rl.engines.vllm import vllm_available
 from aepo_rl.errors import EndpointError, MissingExtraError
-
-from helpers import TOP, FakeServer, make_engine
 
 """The fake server's top_logprobs at every position."""
 

@@ -13,12 +13,11 @@ import math
 
 import pytest
 import torch
+from helpers import build_qwen3
 
 from aepo_rl.engines.base import GenerationEngine, SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import save_policy
-
-from helpers import build_qwen3
 
 pytestmark = pytest.mark.vllm
 

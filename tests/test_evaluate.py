@@ -10,6 +10,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from fakes import EchoSearch
 
 import aepo_rl.evaluate
 from aepo_rl.config import ConfigError, load_config
@@ -17,8 +18,6 @@ from aepo_rl.engines.base import Segment
 from aepo_rl.evaluate import eval_main, evaluate, pass_at_k, score_groups
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tasks.base import Example
-
-from fakes import EchoSearch
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:

@@ -4,8 +4,15 @@ import pytest
 import torch
 
 from aepo_rl.models import enable_gradient_checkpointing
-from aepo_rl.models.forward import (MIN_SHARED_PREFIX, common_prefix_length, decoder_hidden, language_model, lm_head,
-                                   packed_hidden, recomputes_layers)
+from aepo_rl.models.forward import (
+    MIN_SHARED_PREFIX,
+    common_prefix_length,
+    decoder_hidden,
+    language_model,
+    lm_head,
+    packed_hidden,
+    recomputes_layers,
+)
 from tests.conftest import build_tiny_model
 
 

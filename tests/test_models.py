@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TEXTS, TextTask, tiny_cfg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aepo_rl import models
 from aepo_rl.config import load_config
 from aepo_rl.models import TOOL_TAGS, apply_lora, encode_prompt, load_policy, save_policy
-
-from helpers import TEXTS, TextTask, tiny_cfg
 
 
 def test_tiny_build_is_deterministic_and_cached(tmp_path, monkeypatch):

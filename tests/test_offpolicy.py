@@ -10,19 +10,29 @@ import math
 
 import pytest
 import torch
+from fakes import FakeEngine
+from helpers import (
+    TINY_RL,
+    ScriptedUniforms,
+    VaryingRewardTask,
+    _random_fixed,
+    build_tiny_model,
+    calls_then_answer,
+    make_traj,
+    tree_cfg,
+    tree_prompts,
+    tree_tools,
+)
 
 from aepo_rl import algorithms, registry
 from aepo_rl.algorithms import rollout_correction as rc
-from aepo_rl.config import ConfigError, RolloutCorrectionConfig, load_config
+from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.train.health import RunHealth
 from aepo_rl.train.logger import RunLogger
 from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import FixedTensors, RLTrainer, accumulate_gradients, collate
-from helpers import (TINY_RL, ScriptedUniforms, VaryingRewardTask, build_tiny_model, calls_then_answer, make_traj,
-                     _random_fixed, tree_cfg, tree_prompts, tree_tools)
-from fakes import FakeEngine
 
 # ----------------------------------------------------------------------------------------------
 # The math (verl parity: tests/test_verl_rollout_correction.py)

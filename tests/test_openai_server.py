@@ -20,10 +20,9 @@ import time
 
 import httpx
 import pytest
+from helpers import build_tiny_model
 
 from aepo_rl import cli
-
-from helpers import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -19,15 +19,13 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers import HAVE_GENERATOR, TINY_UNIVERSES, needs_generator
 
 from aepo_rl.config import load_config
 from aepo_rl.errors import UserError
 from aepo_rl.rewards import answer_list_scores, get_reward, reward_function
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.phantomwiki import INSTALL, PhantomWikiError, name_parts, parse_chain, read_universe
-
-from helpers import HAVE_GENERATOR, TINY_UNIVERSES, needs_generator
-
 
 # ---------------------------------------------------------------- scores: equal to phantom_eval's own
 

@@ -6,13 +6,12 @@ import json
 
 import pytest
 import yaml
+from helpers import TINY_PIPELINE
 
+from aepo_rl.api import train_main
 from aepo_rl.config import PRESETS, from_dict, load_config
 from aepo_rl.errors import UserError
-from aepo_rl.api import train_main
 from aepo_rl.train.pipeline import RunInterrupted, new_run_dir, run_rl_stage, run_sft_stage
-
-from helpers import TINY_PIPELINE
 
 METRIC_NAMES = ["step", "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
                 "actor/entropy", "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean",

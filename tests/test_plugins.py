@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import FakeEngine
+from helpers import build_tiny_model
 
 from aepo_rl import registry
+from aepo_rl.api import train_main
 from aepo_rl.cli import main
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines import build_engine, check_entropy_measure
@@ -20,11 +23,8 @@ from aepo_rl.models import encode_prompt
 from aepo_rl.registry import PluginError, Registry, UnknownNameError, load_plugin, load_plugins
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
-from aepo_rl.api import train_main
 from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import RLTrainer
-from helpers import build_tiny_model
-from fakes import FakeEngine
 
 PLUGINS = Path(__file__).resolve().parents[1] / "examples" / "plugins"
 EXAMPLES = {"my_loss": ("POLICY_LOSSES", "unclipped"), "my_estimator": ("ADVANTAGE_ESTIMATORS", "batch_mean"),

@@ -7,6 +7,8 @@ import json
 import math
 
 import pytest
+from fakes import FakeEngine
+from helpers import VaryingRewardTask, build_tiny_model
 
 from aepo_rl import probes
 from aepo_rl.cli import main
@@ -14,8 +16,6 @@ from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.entropy import premonitor_global_samples
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
-from fakes import FakeEngine
-from helpers import VaryingRewardTask, build_tiny_model
 
 
 class ToolTask(VaryingRewardTask):

@@ -4,6 +4,7 @@ masked and scored under both formats; the module's pieces one by one."""
 from __future__ import annotations
 
 import pytest
+from fakes import EchoSearch, FakeEngine
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.integrations.verl.reward import compute_score
@@ -12,8 +13,6 @@ from aepo_rl.rewards import deep_research_reward, get_reward
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.common import SYSTEM_PROMPT, system_prompt
 from aepo_rl.tools import get_tool, register_tool
-
-from fakes import EchoSearch, FakeEngine
 
 
 @register_tool("wordcount")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import TINY_PIPELINE
 
 RECORDERS = Path(__file__).parents[1] / "lab" / "recorders"

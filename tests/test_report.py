@@ -8,8 +8,17 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from aepo_rl.report import (SMOOTH_WINDOW, MetricsError, pass1_halfwidth, plot_runs, read_metrics, read_run,
-                            report_main, series, trailing_mean)
+from aepo_rl.report import (
+    SMOOTH_WINDOW,
+    MetricsError,
+    pass1_halfwidth,
+    plot_runs,
+    read_metrics,
+    read_run,
+    report_main,
+    series,
+    trailing_mean,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,16 @@ import pytest
 
 from aepo_rl.integrations.verl.reward import compute_score
 from aepo_rl.protocol import format_error, tools_used
-from aepo_rl.rewards import (JudgeUnavailableError, deep_research_reward, exact_match_reward, extract_answer, f1_reward,
-                             get_reward, math_reward, token_f1)
+from aepo_rl.rewards import (
+    JudgeUnavailableError,
+    deep_research_reward,
+    exact_match_reward,
+    extract_answer,
+    f1_reward,
+    get_reward,
+    math_reward,
+    token_f1,
+)
 
 SEARCH = "<search>Velmora Guild</search> <result>\nPage 1: Velmora Guild — founded by Ada Korrin.\n</result>"
 PYTHON = " <python>1932 - 1874</python> <result>\n58\n</result>"

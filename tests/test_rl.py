@@ -8,18 +8,28 @@ import math
 
 import pytest
 import torch
+from helpers import TINY_RL, VaryingRewardTask, _random_fixed, build_tiny_model, make_traj
 
 from aepo_rl import algorithms
-from aepo_rl.train.rl import anchor_keys
 from aepo_rl.config import PRESETS, ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.models import apply_lora
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.train import rl as rl_module
-from aepo_rl.train.rl import (Batch, DataOrder, FixedTensors, RLTrainer, accumulate_gradients, batched_logprobs,
-                              build_optimizer, collate, last_token_rewards, recorded, response_logprobs)
-from helpers import TINY_RL, VaryingRewardTask, build_tiny_model, make_traj, _random_fixed
-
+from aepo_rl.train.rl import (
+    Batch,
+    DataOrder,
+    FixedTensors,
+    RLTrainer,
+    accumulate_gradients,
+    anchor_keys,
+    batched_logprobs,
+    build_optimizer,
+    collate,
+    last_token_rewards,
+    recorded,
+    response_logprobs,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Tensors

@@ -8,11 +8,11 @@ import json
 import math
 
 import pytest
+from helpers import VaryingRewardTask, build_qwen3
 
 from aepo_rl.config import load_config
 from aepo_rl.models import save_policy
 from aepo_rl.train.pipeline import check_rl_engine, run_rl_stage
-from helpers import VaryingRewardTask, build_qwen3
 
 pytestmark = pytest.mark.vllm
 

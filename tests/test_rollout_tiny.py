@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fakes import EchoSearch
+from helpers import CFG, _prompts, steer
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.rollout.tree import run_rollout
-
-from fakes import EchoSearch
-from helpers import CFG, _prompts, steer
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.sampling import processed_logits, sample_tokens
 from aepo_rl.registry import ENGINES, register_engine
 
-
 # ---------------------------------------------------------------- the sampling math
 
 

@@ -9,12 +9,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PIECES, demo
 
 from aepo_rl.config import load_config
 from aepo_rl.models import encode_prompt
-from aepo_rl.train.sft import (SFTSample, collate, masked_lm_loss, run_sft, token_accuracy, trained_logits,
-                               tokenize_demonstration)
-from helpers import PIECES, demo
+from aepo_rl.train.sft import (
+    SFTSample,
+    collate,
+    masked_lm_loss,
+    run_sft,
+    token_accuracy,
+    tokenize_demonstration,
+    trained_logits,
+)
 
 
 def test_prompt_and_tool_result_tokens_have_mask_zero(tiny_tokenizer):

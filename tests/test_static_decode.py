@@ -9,6 +9,8 @@ import copy
 
 import pytest
 import torch
+from fakes import EchoSearch
+from helpers import CFG, _prompts, encode, script, steer
 
 from aepo_rl.config import RolloutConfig, load_config
 from aepo_rl.engines import build_engine
@@ -16,9 +18,6 @@ from aepo_rl.engines.base import SamplingParams
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.engines.static import COLUMN_BUCKET, decode_path, row_bucket
 from aepo_rl.rollout.tree import run_rollout
-
-from fakes import EchoSearch
-from helpers import CFG, _prompts, encode, script, steer
 
 
 def bucket_shapes(engine: HFEngine) -> HFEngine:

@@ -2,7 +2,6 @@
 
 import itertools
 import random
-
 import re
 
 import pytest
@@ -10,8 +9,7 @@ import pytest
 from aepo_rl.config import ConfigError, TaskConfig, load_config
 from aepo_rl.tasks import get_task
 from aepo_rl.tasks.common import SYSTEM_PROMPT
-from aepo_rl.tasks.synthetic import (RETRY_WORDS, TEMPLATES, SyntheticTask, build_world, make_questions,
-                                     teacher_tools)
+from aepo_rl.tasks.synthetic import RETRY_WORDS, TEMPLATES, SyntheticTask, build_world, make_questions, teacher_tools
 from aepo_rl.tools import get_tool
 
 SMALL = dict(num_train=40, num_dev=24, num_test=24, num_demonstrations=40)

@@ -10,15 +10,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakes import EchoSearch, FakeEngine
+from helpers import build_tiny_model
 
 from aepo_rl.config import RolloutConfig, load_config
 from aepo_rl.evaluate import eval_main, evaluate
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks.base import Example
 from aepo_rl.tools import PythonSandbox, SearchTool, ToolError
-
-from helpers import build_tiny_model
-from fakes import EchoSearch, FakeEngine
 
 WARNING = "of the tool calls failed"
 

@@ -7,6 +7,11 @@ import random
 import threading
 
 import pytest
+from fakes import EchoSearch, FakeEngine
+from helpers import ScriptedUniforms, calls_then_answer
+from helpers import tree_cfg as cfg
+from helpers import tree_prompts as prompts
+from helpers import tree_tools as tools
 
 from aepo_rl.config import RolloutConfig
 from aepo_rl.engines.base import Segment
@@ -14,9 +19,6 @@ from aepo_rl.rollout import tree
 from aepo_rl.rollout.entropy import branch_probability, premonitor_global_samples, step_entropy
 from aepo_rl.rollout.metrics import subtree_roots
 from aepo_rl.rollout.tree import run_rollout
-
-from fakes import EchoSearch, FakeEngine
-from helpers import ScriptedUniforms, calls_then_answer, tree_cfg as cfg, tree_prompts as prompts, tree_tools as tools
 
 
 class RaisingTool(EchoSearch):

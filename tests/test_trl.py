@@ -17,12 +17,11 @@ import sys
 
 import pytest
 import torch
+from fakes import EchoSearch
+from helpers import build_tiny_model, steer
 
 from aepo_rl.algorithms import entropy_from_logits, get_policy_loss
 from aepo_rl.config import AlgorithmConfig
-
-from helpers import build_tiny_model, steer
-from fakes import EchoSearch
 
 pytestmark = pytest.mark.trl
 

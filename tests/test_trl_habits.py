@@ -8,14 +8,13 @@ import json
 
 import pytest
 import yaml
+from helpers import build_tiny_model
 
 from aepo_rl import AEPOTrainer
 from aepo_rl.config import TRL_ALIASES, Config, ConfigError, load_config, set_key
 from aepo_rl.hf_callbacks import trl_logs
 from aepo_rl.rewards import RewardFunctionError, RewardSetupError, WeightedRewards
 from aepo_rl.tasks.loaders import DatasetError
-
-from helpers import build_tiny_model
 
 datasets = pytest.importorskip("datasets", reason="the [dev] extra installs datasets")
 transformers = pytest.importorskip("transformers")

@@ -15,13 +15,13 @@ import torch
 pytestmark = pytest.mark.verl
 pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
 
-from aepo_rl import registry  # noqa: E402
-from aepo_rl.engines.base import SamplingParams  # noqa: E402
-from aepo_rl.engines.hf import HFEngine  # noqa: E402
-
 from fakes import EchoSearch  # noqa: E402
 from helpers import SteeredQwen3, steer  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
+
+from aepo_rl import registry  # noqa: E402
+from aepo_rl.engines.base import SamplingParams  # noqa: E402
+from aepo_rl.engines.hf import HFEngine  # noqa: E402
 
 N = 4
 RESPONSE = 64

@@ -46,11 +46,10 @@ def smoke_overrides() -> list[str]:
 
 
 def compose(overrides: list[str]):
+    import verl.trainer.main_ppo as main_ppo
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    import verl.trainer.main_ppo as main_ppo
 
     GlobalHydra.instance().clear()
     config_dir = str(Path(main_ppo.__file__).parent / "config")

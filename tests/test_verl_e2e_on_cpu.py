@@ -16,7 +16,6 @@ Marked ``verl`` and ``slow``; runs in .venv-verl (.ci/run).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os

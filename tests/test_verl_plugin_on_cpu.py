@@ -144,8 +144,8 @@ def test_every_change_is_where_verl_keeps_it():
     import inspect
 
     import verl
-    import verl.trainer.main_ppo as main_ppo
     import verl.trainer.distillation.losses as distillation_losses
+    import verl.trainer.main_ppo as main_ppo
     import verl.workers.engine_workers as engine_workers
     from verl.experimental.agent_loop import agent_loop
     from verl.trainer.ppo import core_algos

@@ -19,17 +19,41 @@ the files written).
 
 from __future__ import annotations
 
-from aepo_rl.compare.arms import (ARM_NAME, SEEDING_KEYS, Arm, arm_configs, as_arms, common_overrides, parse_arm,
-                                  parse_presets, preset_configs, user_overrides)
-from aepo_rl.compare.columns import (COLUMNS, DRIFT_WINDOWS, DRIFTS, EVAL_COLUMNS, HOP_METRICS, LEVEL_PREFIXES,
-                                     LOGGED_MEANS, STEP_MEANS, STEP_SUMS, TABLES, TREE_ONLY, Column, columns_of,
-                                     eval_metrics, run_metrics, split_entry, windowed_drift)
+from aepo_rl.compare.arms import (
+                                  ARM_NAME,
+                                  SEEDING_KEYS,
+                                  Arm,
+                                  arm_configs,
+                                  as_arms,
+                                  common_overrides,
+                                  parse_arm,
+                                  parse_presets,
+                                  preset_configs,
+                                  user_overrides,
+)
+from aepo_rl.compare.columns import (
+                                  COLUMNS,
+                                  DRIFT_WINDOWS,
+                                  DRIFTS,
+                                  EVAL_COLUMNS,
+                                  HOP_METRICS,
+                                  LEVEL_PREFIXES,
+                                  LOGGED_MEANS,
+                                  STEP_MEANS,
+                                  STEP_SUMS,
+                                  TABLES,
+                                  TREE_ONLY,
+                                  Column,
+                                  columns_of,
+                                  eval_metrics,
+                                  run_metrics,
+                                  split_entry,
+                                  windowed_drift,
+)
 from aepo_rl.compare.plots import plot_preset_means
 from aepo_rl.compare.runner import compare_main
-from aepo_rl.compare.stats import (mean_ci95, paired_differences, separates, sft_row, student_t_critical,
-                                   summarize)
-from aepo_rl.compare.tables import (SFT_ROW_NOTE, format_cell, markdown_table, paired_table, seed_table,
-                                    time_table)
+from aepo_rl.compare.stats import mean_ci95, paired_differences, separates, sft_row, student_t_critical, summarize
+from aepo_rl.compare.tables import SFT_ROW_NOTE, format_cell, markdown_table, paired_table, seed_table, time_table
 
 __all__ = ["ARM_NAME", "COLUMNS", "DRIFTS", "DRIFT_WINDOWS", "EVAL_COLUMNS", "HOP_METRICS", "LEVEL_PREFIXES",
            "LOGGED_MEANS", "SEEDING_KEYS", "SFT_ROW_NOTE", "STEP_MEANS", "STEP_SUMS", "TABLES", "TREE_ONLY", "Arm",

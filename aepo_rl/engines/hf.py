@@ -24,8 +24,14 @@ import torch
 
 from aepo_rl.engines.base import SamplingParams, Segment
 from aepo_rl.engines.kv import BatchCache, Context
-from aepo_rl.engines.sampling import (check_logprobs_mode, check_request, processed_logits, release_top10_proxy,
-                                      sample, token_statistics)
+from aepo_rl.engines.sampling import (
+    check_logprobs_mode,
+    check_request,
+    processed_logits,
+    release_top10_proxy,
+    sample,
+    token_statistics,
+)
 from aepo_rl.engines.sequences import SequenceTable
 from aepo_rl.engines.static import StaticDecoder, decode_path
 from aepo_rl.engines.stops import StopMatcher, eos_token_ids

@@ -16,16 +16,42 @@ Every checkpoint :func:`save_policy` writes is a standard HF directory that
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` open.
 """
 
-from aepo_rl.models.hf import (TOKENIZER_FILES, ModelPathError, check_model_dir, damaged_weights,
-                               enable_gradient_checkpointing, init_random_model, load_hf_dir, load_tokenizer,
-                               model_device, resolve_device, save_policy, torch_dtype, weight_files)
+from aepo_rl.models.hf import (
+                               TOKENIZER_FILES,
+                               ModelPathError,
+                               check_model_dir,
+                               damaged_weights,
+                               enable_gradient_checkpointing,
+                               init_random_model,
+                               load_hf_dir,
+                               load_tokenizer,
+                               model_device,
+                               resolve_device,
+                               save_policy,
+                               torch_dtype,
+                               weight_files,
+)
 from aepo_rl.models.lora import apply_lora, is_peft
 from aepo_rl.models.policy import load_policy
 from aepo_rl.models.prompts import encode_prompt
-from aepo_rl.models.smollm2 import (SMOLLM2_GGUF, SMOLLM2_SHA256, SMOLLM2_WHEEL, fetch_smollm2_gguf,
-                                    load_smollm2_gguf, smollm2_gguf)
-from aepo_rl.models.tiny import (CHATML_SPECIAL_TOKENS, CHATML_TEMPLATE, TOOL_TAGS, build_tiny_model, init_tiny_model,
-                                 tiny_cache_key, tiny_config, train_tiny_tokenizer)
+from aepo_rl.models.smollm2 import (
+                               SMOLLM2_GGUF,
+                               SMOLLM2_SHA256,
+                               SMOLLM2_WHEEL,
+                               fetch_smollm2_gguf,
+                               load_smollm2_gguf,
+                               smollm2_gguf,
+)
+from aepo_rl.models.tiny import (
+                               CHATML_SPECIAL_TOKENS,
+                               CHATML_TEMPLATE,
+                               TOOL_TAGS,
+                               build_tiny_model,
+                               init_tiny_model,
+                               tiny_cache_key,
+                               tiny_config,
+                               train_tiny_tokenizer,
+)
 
 __all__ = ["CHATML_SPECIAL_TOKENS", "CHATML_TEMPLATE", "SMOLLM2_GGUF", "SMOLLM2_SHA256", "SMOLLM2_WHEEL",
            "TOKENIZER_FILES", "TOOL_TAGS", "ModelPathError", "apply_lora", "build_tiny_model", "check_model_dir",

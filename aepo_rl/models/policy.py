@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aepo_rl.models.hf import (check_model_dir, enable_gradient_checkpointing, init_random_model, load_hf_dir,
-                               load_tokenizer, resolve_device, torch_dtype)
+from aepo_rl.models.hf import (
+    check_model_dir,
+    enable_gradient_checkpointing,
+    init_random_model,
+    load_hf_dir,
+    load_tokenizer,
+    resolve_device,
+    torch_dtype,
+)
 from aepo_rl.models.smollm2 import smollm2_dir
 from aepo_rl.models.tiny import build_tiny_model, train_tiny_tokenizer
 

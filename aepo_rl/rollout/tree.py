@@ -32,6 +32,7 @@ from aepo_rl.rollout.tool_runner import ToolRunner
 from aepo_rl.rollout.trajectory import Round, ToolCall, Trajectory
 from aepo_rl.tools.base import Tool
 
+
 @dataclass
 class RolloutState:
     """What a tree rollout carries from one call to the next: the trainer owns it and saves it.

@@ -30,8 +30,15 @@ from aepo_rl.protocol import Protocol
 from aepo_rl.registry import register_corpus
 from aepo_rl.rewards import extract_answer, get_reward, is_exact_match
 from aepo_rl.tasks.base import Demonstration, Example
-from aepo_rl.tasks.common import (SYSTEM_PROMPT, ToolOptions, build_tools, chat_messages, check_sandbox, split_examples,
-                                  system_prompt)
+from aepo_rl.tasks.common import (
+    SYSTEM_PROMPT,
+    ToolOptions,
+    build_tools,
+    chat_messages,
+    check_sandbox,
+    split_examples,
+    system_prompt,
+)
 from aepo_rl.tools.base import Tool
 from aepo_rl.tools.search import Hit
 

@@ -60,7 +60,6 @@ from aepo_rl.train.rl import RLTrainer
 from aepo_rl.train.sft import check_demonstrations, run_sft, sft_demonstrations
 from aepo_rl.train.sft_data import SFTData, load_sft_data
 
-
 # ----------------------------------------------------------------------------------------------
 # The run folder (the whole job itself is aepo_rl.api.AEPOTrainer.train; `aepo train` runs it)
 

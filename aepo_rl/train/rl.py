@@ -51,11 +51,11 @@ from aepo_rl.algorithms.tensors import masked_mean
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.errors import UserError
 from aepo_rl.models import encode_prompt, model_device
+from aepo_rl.models.forward import decoder_hidden, lm_head
 from aepo_rl.rollout.metrics import tool_error_warning
 from aepo_rl.rollout.trajectory import Trajectory
 from aepo_rl.rollout.tree import RolloutState, run_rollout
 from aepo_rl.tasks.base import Example, Task
-from aepo_rl.models.forward import decoder_hidden, lm_head
 
 log = logging.getLogger(__name__)
 

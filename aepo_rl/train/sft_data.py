@@ -33,8 +33,7 @@ from typing import Any
 
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.jsonl import JsonlError, read_jsonl
-from aepo_rl.protocol import (ANSWER_CLOSE, DEFAULT_ARGUMENT, HERMES_CALL, RESERVED_TAGS, Protocol,
-                              split_result_blocks)
+from aepo_rl.protocol import ANSWER_CLOSE, DEFAULT_ARGUMENT, HERMES_CALL, RESERVED_TAGS, Protocol, split_result_blocks
 from aepo_rl.tasks.base import Demonstration, Example
 from aepo_rl.tasks.dataset import DatasetError, dataset_rows
 from aepo_rl.tasks.loaders import read_rows

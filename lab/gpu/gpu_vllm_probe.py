@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--stand-in", action="store_true", help="the HF engine in place of vLLM (a dry run without vLLM)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_rollout import pseudo_text
     from bench_static_decode import two_rounds
 
     from aepo_rl.config import ModelConfig
@@ -101,7 +102,6 @@ def main() -> None:
     from aepo_rl.models import init_random_model, init_tiny_model, save_policy, torch_dtype, train_tiny_tokenizer
     from aepo_rl.rollout.trajectory import Trajectory
     from aepo_rl.train.rl import collate, response_logprobs
-    from bench_rollout import pseudo_text
 
     out = Path(args.out)
     device = torch.device(args.device)

@@ -25,8 +25,9 @@ import json
 import os
 from pathlib import Path
 
-from aepo_rl.compare import mean_ci95, split_entry
 from record_main_job import commit, last_model, machine, run_child, stage_seconds
+
+from aepo_rl.compare import mean_ci95, split_entry
 
 TARGETS = {"sft_min": 0.3, "gain_min": 0.10, "held_out_ratio_min": 0.8, "wall_max_s": 600}
 def scores(entry: dict) -> dict:

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers import TINY_RL, VaryingRewardTask, build_tiny_model, demo, make_traj
 
 from aepo_rl.config import load_config
 from aepo_rl.engines.hf import HFEngine
@@ -16,7 +17,6 @@ from aepo_rl.models import enable_gradient_checkpointing, init_random_model, mod
 from aepo_rl.train.rl import RLTrainer, collate, response_logprobs
 from aepo_rl.train.sft import collate as sft_collate
 from aepo_rl.train.sft import masked_lm_loss, tokenize_demonstration
-from helpers import TINY_RL, VaryingRewardTask, build_tiny_model, demo, make_traj
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the gpu tests need one")]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import build_tiny_model, script
 
 from aepo_rl.engines.base import SamplingParams
 from aepo_rl.engines.hf import HFEngine
-from helpers import build_tiny_model, script
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the gpu tests need one")]

@@ -35,7 +35,6 @@ from contextlib import nullcontext
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-
 # ---------------------------------------------------------------------------------- platform
 
 def _noop(*args, **kwargs):
