@@ -226,8 +226,9 @@ class AEPOTrainer:
     def _dataset_task(self, train_dataset, eval_dataset, reward_funcs, reward_weights, tools) -> Task | None:
         if train_dataset is None and eval_dataset is None:
             if reward_funcs is not None or reward_weights is not None or tools is not None:
-                raise ValueError("reward_funcs, reward_weights and tools go with train_dataset: without a dataset the "
-                                 f"task is the config's (task.name={self.cfg.task.name!r}) with its own reward and tools")
+                raise ValueError("reward_funcs, reward_weights and tools go with train_dataset: "
+                                 "without a dataset the task is the config's "
+                                 f"(task.name={self.cfg.task.name!r}) with its own reward and tools")
             return None
         task_cfg = self.cfg.task
         tools = BUILT_WITH_CONFIG if tools is None else list(tools)
@@ -435,7 +436,8 @@ def _apply_trl_args(cfg: Config, args, trl_args: dict[str, Any], overrides: dict
     once, each with its reason; a keyword argument that is no TRL name gets a suggestion."""
     for name in trl_args:
         if not known(name):
-            known_names = [p for p in inspect.signature(AEPOTrainer.__init__).parameters if p not in ("self", "trl_args")]
+            known_names = [p for p in inspect.signature(AEPOTrainer.__init__).parameters
+                           if p not in ("self", "trl_args")]
             match = difflib.get_close_matches(name, known_names + list(TRL_ALIASES), n=1, cutoff=0.6)
             hint = f"; did you mean {match[0]!r}?" if match else (
                 "; config keys go in overrides={'section.key': value} (`aepo config show` lists them)")
@@ -473,9 +475,10 @@ def _model_object(model, processing_class):
     ``(None, None)`` for a path; refuses what cannot be used, with the fix."""
     if model is None or isinstance(model, (str, Path)):
         if processing_class is not None:
-            raise TypeError("processing_class goes with a model object (model=AutoModelForCausalLM.from_pretrained(...)); "
-                            "with a model folder or 'smollm2' the folder's own tokenizer is used: save yours into it "
-                            "(tokenizer.save_pretrained(folder)) and drop processing_class")
+            raise TypeError("processing_class goes with a model object "
+                            "(model=AutoModelForCausalLM.from_pretrained(...)); with a model "
+                            "folder or 'smollm2' the folder's own tokenizer is used: save yours "
+                            "into it (tokenizer.save_pretrained(folder)) and drop processing_class")
         return None, None
     if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
         raise TypeError(f"model must be a Hugging Face model folder, 'smollm2', or a loaded transformers model, got "

@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     plugin.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", parents=[plugin], help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
+    p = sub.add_parser("train", parents=[plugin],
+                       help="the whole pipeline: tiny model, SFT, RL, before/after evaluation")
     _config_args(p)
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in this folder from its last complete step; overrides may change "
@@ -247,26 +248,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None, help="task name (default: config task.name)")
     p.add_argument("--samples", type=_count(1), default=None, help="samples per question K (default eval.samples)")
     p.add_argument("--greedy", action="store_true", help="greedy decoding")
-    p.add_argument("--out", default=None, help="write the results as JSON here, and every sample to <out>.records.jsonl")
+    p.add_argument("--out", default=None,
+                   help="write the results as JSON here, and every sample to <out>.records.jsonl")
     p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL to evaluate instead of --model")
     p.add_argument("--endpoint-model", default=None, help="model name at --endpoint")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("compare", parents=[plugin], help="several presets from one SFT checkpoint, several seeds, one table")
+    p = sub.add_parser("compare", parents=[plugin],
+                       help="several presets from one SFT checkpoint, several seeds, one table")
     _config_args(p)
-    p.add_argument("--presets", default=None, help="comma-separated presets to compare, each optionally with its own number of "
-                   "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo when no --arm is given)")
+    p.add_argument("--presets", default=None,
+                   help="comma-separated presets to compare, each optionally with its own number of "
+                        "seeds: grpo:5,arpo:5,dapo (default grpo,arpo,aepo when no --arm is given)")
     p.add_argument("--arm", action="append", metavar="'NAME=PRESET[:SEEDS] [KEY=VALUE ...]'",
-                   help="an arm: a preset with its own overrides, e.g. --arm 'arpo_w0=arpo rollout.entropy_weight=0' or "
-                        "--arm 'grpo_n6=grpo rollout.n=6' (repeatable; next to --presets)")
-    p.add_argument("--seeds", type=_count(1), default=3, help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
+                   help="an arm: a preset with its own overrides, e.g. --arm 'arpo_w0=arpo rollout.entropy_weight=0' "
+                        "or --arm 'grpo_n6=grpo rollout.n=6' (repeatable; next to --presets)")
+    p.add_argument("--seeds", type=_count(1), default=3,
+                   help="RL runs per preset without its own count, seeds 0..N-1 (default 3)")
     p.add_argument("--steps", type=_count(0), default=None, help="RL steps per run (default trainer.steps)")
     p.add_argument("--table-only", action="store_true", help="train nothing: rebuild the table and plots of --out "
                    "from the runs finished so far (another process may still be running the rest)")
     p.add_argument("--reference", default=None, help="arm the paired differences are taken against "
                    "(default aepo when compared, else the first arm)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-<timestamp>); run again with the same folder to "
-                   "finish an interrupted comparison")
+    p.add_argument("--out", default=None,
+                   help="output folder (default runs/compare-<timestamp>); run again with the same folder to "
+                        "finish an interrupted comparison")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("rollout", parents=[plugin], help="run one tree rollout and print each prompt's tree")
@@ -292,16 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"clip-gradient: RL batches of trainer.batch_size prompts (default {defaults.batches})")
     p.add_argument("--seeds", type=_count(1), default=defaults.seeds,
                    help=f"rollout seeds per prompt, from rollout.seed on (default {defaults.seeds})")
-    p.add_argument("--split", default=defaults.split, help=f"the task split the prompts come from (default {defaults.split})")
+    p.add_argument("--split", default=defaults.split,
+                   help=f"the task split the prompts come from (default {defaults.split})")
     p.add_argument("--penalty", type=float, default=None,
                    help="branch-penalty: λ of the penalised arm, against λ = 0 (default rollout.branch_penalty)")
-    p.add_argument("--n", type=_count(2), default=defaults.n, help=f"branch-penalty: trajectories per tree (default {defaults.n})")
+    p.add_argument("--n", type=_count(2), default=defaults.n,
+                   help=f"branch-penalty: trajectories per tree (default {defaults.n})")
     p.add_argument("--global-samples", type=_count(1), default=defaults.global_samples,
                    help=f"branch-penalty: global samples per tree (default {defaults.global_samples})")
     p.add_argument("--children", type=_count(1), default=defaults.children,
                    help=f"fork-choice: children per fork point (default {defaults.children})")
     p.add_argument("--stale-steps", type=_count(1), default=defaults.stale_steps,
-                   help=f"clip-gradient: optimizer steps between π_old and the probed policy (default {defaults.stale_steps})")
+                   help="clip-gradient: optimizer steps between π_old and the "
+                        f"probed policy (default {defaults.stale_steps})")
     p.add_argument("--out", default=None, help="write the result, with every unit's raw values, as JSON here")
     p.set_defaults(func=cmd_probe)
 
@@ -315,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default="synthetic", help="a JSONL corpus file, 'synthetic' or 'wiki'")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=_count(0), default=8000, help="port to listen on (default 8000)")
-    p.add_argument("--topk", type=_count(1), default=3, help="results per query when the request does not say (default 3)")
+    p.add_argument("--topk", type=_count(1), default=3,
+                   help="results per query when the request does not say (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
     p.set_defaults(func=cmd_serve_search)
 
@@ -326,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", parents=[plugin],
                        help="show the resolved config, or print the Markdown reference of every key")
-    p.add_argument("action", choices=["show", "docs"], help="show: the resolved config; docs: the reference of the defaults")
+    p.add_argument("action", choices=["show", "docs"],
+                   help="show: the resolved config; docs: the reference of the defaults")
     _config_args(p)
     p.add_argument("--yaml", action="store_true", help="show: print YAML instead of a table")
     p.add_argument("--write", default=None, metavar="PAGE.md",

@@ -40,7 +40,8 @@ def _registered(name: str) -> registry.Registry:
 
 
 def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, choices: tuple | Callable[[], tuple | registry.Registry] | None = None, factory: Any = None) -> Any:
+         le: float | None = None, choices: tuple | Callable[[], tuple | registry.Registry] | None = None,
+         factory: Any = None) -> Any:
     """A config field with its documentation and allowed values (checked by ``validate``)."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "choices": choices}
     if factory is not None:
@@ -51,16 +52,16 @@ def knob(default: Any, doc: str, *, ge: float | None = None, gt: float | None = 
 @dataclass
 class ModelConfig:
     path: str | None = knob(None, "Hugging Face model directory; None builds the tiny default model (§5).")
-    init: str | None = knob(None, "random:<name>: random weights of a registered real architecture (aepo_rl.registry."
-                                  "ARCHITECTURES), the vocabulary sized to the tokenizer of model.path (the task's tiny "
-                                  "tokenizer when unset), to measure speed and memory without weights (docs/gpu.md); "
-                                  "None: the weights of model.path.",
+    init: str | None = knob(None, "random:<name>: random weights of a registered real architecture "
+                                  "(aepo_rl.registry.ARCHITECTURES), the vocabulary sized to the tokenizer of "
+                                  "model.path (the task's tiny tokenizer when unset), to measure speed and "
+                                  "memory without weights (docs/gpu.md); None: the weights of model.path.",
                             choices=lambda: tuple(f"random:{name}" for name in _registered("ARCHITECTURES")))
     dtype: str = knob("float32", "Parameter / compute dtype of the policy.", choices=("float32", "bfloat16"))
-    gradient_checkpointing: bool = knob(False, "Recompute each decoder layer's activations in the backward pass instead of "
-                                               "keeping them (transformers' non-reentrant gradient checkpointing): less "
-                                               "memory for more compute; training forwards then run every row whole, "
-                                               "without the shared prefix (docs/gpu.md).")
+    gradient_checkpointing: bool = knob(False, "Recompute each decoder layer's activations in the backward pass "
+                                               "instead of keeping them (transformers' non-reentrant gradient "
+                                               "checkpointing): less memory for more compute; training forwards "
+                                               "then run every row whole, without the shared prefix (docs/gpu.md).")
     tiny_hidden_size: int = knob(128, "Tiny model: hidden size.", ge=8)
     tiny_num_layers: int = knob(2, "Tiny model: transformer layers (2 here, see lab/notebook.md).", ge=1)
     tiny_intermediate_size: int = knob(512, "Tiny model: MLP width.", ge=8)
@@ -69,156 +70,200 @@ class ModelConfig:
     tiny_head_dim: int = knob(64, "Tiny model: head dimension.", ge=4)
     tiny_vocab_size: int = knob(2048, "Tiny model: BPE vocabulary size trained on the task's text.", ge=300)
     tiny_max_positions: int = knob(2048, "Tiny model: maximum sequence length.", ge=64)
-    tiny_init: str = knob("induction", "Tiny model: how its weights start. induction: random, with a two-layer induction "
-                                       "circuit (copying from the context) written into them; the copy warm-up then "
-                                       "runs a fixed 300 steps to calibrate the rest. random: random, and the copy "
-                                       "warm-up waits for the circuit to form (docs/models.md).",
+    tiny_init: str = knob("induction", "Tiny model: how its weights start. induction: random, with a two-layer "
+                                       "induction circuit (copying from the context) written into them; the copy "
+                                       "warm-up then runs a fixed 300 steps to calibrate the rest. random: random, "
+                                       "and the copy warm-up waits for the circuit to form (docs/models.md).",
                           choices=("induction", "random"))
-    tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random token sequences, which "
-                                      "stops once the model copies 90% of the repeated tokens; part of the cached build "
-                                      "(stands in for pretraining; 0 skips it; 4000 here, see lab/notebook.md).", ge=0)
+    tiny_copy_steps: int = knob(4000, "Tiny model: most steps of the copy warm-up on repeated random "
+                                      "token sequences, which stops once the model copies 90% of the "
+                                      "repeated tokens; part of the cached build (stands in for "
+                                      "pretraining; 0 skips it; 4000 here, see lab/notebook.md).", ge=0)
     lora_rank: int = knob(0, "LoRA rank through peft; 0 trains all weights.", ge=0)
     lora_alpha: float = knob(16.0, "LoRA alpha.", gt=0)
-    lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_target_modules: list[str] = knob(None, "Modules LoRA adapts.",
+                                          factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     cache_dir: str = knob("~/.cache/aepo_rl", "Where the tiny model, tokenizer and search indexes are cached.")
 
 
 @dataclass
 class TaskConfig:
-    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'phantomwiki' (PhantomWiki universes), 'reasoning_gym:<gen>', 'file' (train_files/val_files), or an eval set name.",
+    name: str = knob("synthetic", "Task: 'synthetic' (built-in, tools necessary), 'phantomwiki' "
+                                  "(PhantomWiki universes), 'reasoning_gym:<gen>', 'file' "
+                                  "(train_files/val_files), or an eval set name.",
                      choices=lambda: _registered("TASKS"))
     seed: int = knob(0, "Seed of the synthetic world and its questions.")
     num_train: int = knob(512, "Synthetic: training questions.", ge=1)
     num_dev: int = knob(64, "Synthetic: dev questions.", ge=1)
-    num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard error of pass@1 is then at most 0.03).", ge=1)
-    min_hops: int = knob(1, "Synthetic: fewest searches a question needs; each question's hop level is drawn uniformly from the levels min_hops..max_hops its kind has (arithmetic questions need 1-2).", ge=1, le=3)
-    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within reach of the tiny model, see lab/notebook.md).", ge=1, le=3)
+    num_test: int = knob(256, "Synthetic: held-out test questions (256: one standard "
+                              "error of pass@1 is then at most 0.03).", ge=1)
+    min_hops: int = knob(1, "Synthetic: fewest searches a question needs; each question's "
+                            "hop level is drawn uniformly from the levels min_hops..max_hops "
+                            "its kind has (arithmetic questions need 1-2).", ge=1, le=3)
+    max_hops: int = knob(1, "Synthetic: most searches a question needs (1-3; 1 here, within "
+                            "reach of the tiny model, see lab/notebook.md).", ge=1, le=3)
     arithmetic_fraction: float = knob(0.3, "Synthetic: share of questions needing a python computation.", ge=0, le=1)
-    teacher_error_rate: float = knob(0.5, "Synthetic and phantomwiki: share of teacher demonstrations with a deliberate error, so cold-start SFT leaves headroom for RL (§5; 0.5 here, see lab/notebook.md).", ge=0, le=1)
-    num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start SFT (phantomwiki: at most this many).", ge=1)
+    teacher_error_rate: float = knob(0.5, "Synthetic and phantomwiki: share of teacher demonstrations "
+                                          "with a deliberate error, so cold-start SFT leaves headroom "
+                                          "for RL (§5; 0.5 here, see lab/notebook.md).", ge=0, le=1)
+    num_demonstrations: int = knob(2048, "Synthetic: teacher demonstrations for cold-start "
+                                         "SFT (phantomwiki: at most this many).", ge=1)
     train_files: list[str] = knob(None, "User RL data: verl parquet or JSONL files.", factory=list)
     val_files: list[str] = knob(None, "User evaluation data: parquet or JSONL files.", factory=list)
     reward: str = knob("deep_research", "Reward function (§3).", choices=lambda: _registered("REWARDS"))
     judge_url: str | None = knob(None, "OpenAI-compatible endpoint for the llm_judge reward.")
     judge_model: str = knob("Qwen2.5-72B-Instruct", "Judge model name (§3).")
     search_url: str | None = knob(None, "Search-R1 /retrieve server URL; None searches in-process.")
-    search_noise: float = knob(0.0, "Synthetic: probability that a search's top page is that of another entity of the same kind, drawn deterministically from the task seed and the query; the teacher sees the wrong title and searches again with a reformulated query (0 = off; at most 0.5).", ge=0, le=0.5)
-    search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's demonstrations short: it reads one document).", ge=1)
+    search_noise: float = knob(0.0, "Synthetic: probability that a search's top page is that of another "
+                                    "entity of the same kind, drawn deterministically from the task seed "
+                                    "and the query; the teacher sees the wrong title and searches again "
+                                    "with a reformulated query (0 = off; at most 0.5).", ge=0, le=0.5)
+    search_topk: int = knob(1, "Search results per query (1 keeps the tiny model's "
+                               "demonstrations short: it reads one document).", ge=1)
     corpus: str | None = knob(None, "Search corpus JSONL, or 'wiki'; None uses the task's own corpus.")
-    search_max_chars: int = knob(300, "Characters of each search hit's text shown to the agent (the release's 300); a "
-                                      "longer text is cut and ends in '…' (phantomwiki: 400 shows every article whole, docs/tasks-and-rewards.md).",
+    search_max_chars: int = knob(300, "Characters of each search hit's text shown to the agent (the "
+                                      "release's 300); a longer text is cut and ends in '…' (phantomwiki: "
+                                      "400 shows every article whole, docs/tasks-and-rewards.md).",
                                  ge=1)
-    phantomwiki_dir: str | None = knob(None, "PhantomWiki: a folder with one universe per split, subfolders train/, test/ "
-                                             "and optionally dev/ (else dev is test), each with the generator's "
+    phantomwiki_dir: str | None = knob(None, "PhantomWiki: a folder with one universe per split, subfolders train/, "
+                                             "test/ and optionally dev/ (else dev is test), each with the generator's "
                                              "articles.json and questions.json; None generates the universes of seeds "
                                              "3·task.seed + 1, 2, 3 (train, dev, test) with the phantomwiki_* settings "
                                              "(the [phantomwiki] extra and SWI-Prolog, docs/tasks-and-rewards.md).")
-    phantomwiki_num_trees: int = knob(10, "PhantomWiki: family trees per universe (--num-family-trees; the paper: n/50).", ge=1)
-    phantomwiki_tree_size: int = knob(25, "PhantomWiki: most people per family tree (--max-family-tree-size; the paper: 50).", ge=1)
-    phantomwiki_tree_depth: int = knob(20, "PhantomWiki: deepest family tree (--max-family-tree-depth; the paper: 20).", ge=1)
-    phantomwiki_question_depth: int = knob(10, "PhantomWiki: depth of the question grammar (--question-depth): 10 gives "
-                                               "20 templates and difficulty 1-4 in easy mode; the paper: 20.", ge=2)
+    phantomwiki_num_trees: int = knob(10, "PhantomWiki: family trees per universe "
+                                          "(--num-family-trees; the paper: n/50).", ge=1)
+    phantomwiki_tree_size: int = knob(25, "PhantomWiki: most people per family tree "
+                                          "(--max-family-tree-size; the paper: 50).", ge=1)
+    phantomwiki_tree_depth: int = knob(20, "PhantomWiki: deepest family tree "
+                                           "(--max-family-tree-depth; the paper: 20).", ge=1)
+    phantomwiki_question_depth: int = knob(10, "PhantomWiki: depth of the question grammar "
+                                               "(--question-depth): 10 gives 20 templates and "
+                                               "difficulty 1-4 in easy mode; the paper: 20.", ge=2)
     phantomwiki_easy: bool = knob(True, "PhantomWiki: easy mode (--easy-mode: parent/child/sibling/spouse and friend "
                                         "relations only); false is the paper's hard mode (cousins, aunts, in-laws …).")
-    phantomwiki_questions_per_template: int = knob(10, "PhantomWiki: questions per template of the dev and test "
-                                                       "universes (--num-questions-per-type; duplicates dropped).", ge=1)
+    phantomwiki_questions_per_template: int = knob(10, "PhantomWiki: questions per template of the dev and "
+                                                       "test universes (--num-questions-per-type; "
+                                                       "duplicates dropped).", ge=1)
     phantomwiki_train_questions_per_template: int = knob(50, "PhantomWiki: questions per template of the training "
                                                              "universe (duplicates dropped).", ge=1)
     phantomwiki_max_searches: int = knob(4, "PhantomWiki: the teacher demonstrates only training questions its chain "
                                             "answers in at most this many searches (every question still trains RL "
                                             "and is evaluated).", ge=1)
-    val_corpus: str | None = knob(None, "File task and evaluation sets: search corpus (JSONL or 'wiki') of the evaluation "
-                                        "splits (dev, test, val: task.val_files), e.g. the documents of held-out worlds; "
-                                        "None searches task.corpus in every split.")
+    val_corpus: str | None = knob(None, "File task and evaluation sets: search corpus (JSONL or 'wiki') of the "
+                                        "evaluation splits (dev, test, val: task.val_files), e.g. the documents "
+                                        "of held-out worlds; None searches task.corpus in every split.")
 
 
 @dataclass
 class RolloutConfig:
-    mode: str = knob("aepo", "Tree rollout mode (§1): aepo, arpo, or independent (GRPO: m = n, no branching).", choices=("aepo", "arpo", "independent"))
+    mode: str = knob("aepo", "Tree rollout mode (§1): aepo, arpo, or independent (GRPO: m "
+                             "= n, no branching).", choices=("aepo", "arpo", "independent"))
     n: int = knob(8, "Trajectories per prompt, n (§1; release: 12 or 16).", ge=1)
-    premonitor: bool = knob(True, "aepo mode: choose m per prompt by entropy pre-monitoring (§1.3; both release scripts switch it off).")
-    global_samples: int | None = knob(None, "Fixed global samples m (§1.3); None = pre-monitoring in aepo mode when premonitor is on, else n/2 (release: 6 of 12).", ge=1)
-    premonitor_formula: str = knob("paper", "Pre-monitoring formula (§1.3): paper m = n·σ(β(H_root − H_tool)) rounded, or release floor(...)+1 clamped.", choices=("paper", "release"))
+    premonitor: bool = knob(True, "aepo mode: choose m per prompt by entropy pre-monitoring "
+                                  "(§1.3; both release scripts switch it off).")
+    global_samples: int | None = knob(None, "Fixed global samples m (§1.3); None = pre-monitoring in aepo "
+                                            "mode when premonitor is on, else n/2 (release: 6 of 12).", ge=1)
+    premonitor_formula: str = knob("paper", "Pre-monitoring formula (§1.3): paper m = n·σ(β(H_root − H_tool)) "
+                                            "rounded, or release floor(...)+1 clamped.", choices=("paper", "release"))
     premonitor_beta: float = knob(0.5, "Pre-monitoring sensitivity β (§1.3; release 0.5).", ge=0)
     premonitor_probe_tokens: int = knob(50, "Tokens of the root-entropy probe (§1.3; release 50).", ge=1)
     branch_threshold: float = knob(0.5, "Branch iff P_t ≥ τ (§1.4; release branch_probability 0.5).", ge=0, le=1)
     entropy_weight: float = knob(0.2, "Weight w of ΔH in P_t = U + w·ΔH (§1.4; release 0.2).", ge=0)
-    branch_penalty: float = knob(0.05, "Consecutive-branch penalty slope λ, P̂(l) = λ·l (§1.4; release 0.05).", ge=0, le=1)
-    penalty_scope: str = knob("path", "Counter l of consecutive branching steps: per path (paper) or per prompt-round (release) (§1.4).", choices=("path", "prompt_round"))
+    branch_penalty: float = knob(0.05, "Consecutive-branch penalty slope λ, P̂(l) "
+                                       "= λ·l (§1.4; release 0.05).", ge=0, le=1)
+    penalty_scope: str = knob("path", "Counter l of consecutive branching steps: per path (paper) or per "
+                                      "prompt-round (release) (§1.4).", choices=("path", "prompt_round"))
     branch_factor: int = knob(1, "Z: children per branching decision (§1.4; release beam_size − 1 = 1).", ge=1)
     entropy_k_tokens: int = knob(20, "Step entropy over the first k tokens of a segment (§1.2; release 20).", ge=1)
-    entropy_measure: str = knob("full", "Token entropy of the step entropy: full-vocabulary entropy (default), surprisal −log π of the sampled token (any engine "
-                                        "with log-probs), or the release's top-10 proxy (§1.2). The engine must record it "
-                                        "(registry capability `entropies`).", choices=("full", "surprisal", "top10_proxy"))
-    entropy_reduce: str = knob("sum", "Step entropy = sum (release) or mean of the first min(k, len) token entropies, / ln|V| (§1.2); "
-                                      "mean makes ΔH min(k, len) times smaller (the default before 2026-12-05).",
+    entropy_measure: str = knob("full", "Token entropy of the step entropy: full-vocabulary entropy (default), "
+                                        "surprisal −log π of the sampled token (any engine with log-probs), or the "
+                                        "release's top-10 proxy (§1.2). The engine must record it (registry "
+                                        "capability `entropies`).", choices=("full", "surprisal", "top10_proxy"))
+    entropy_reduce: str = knob("sum", "Step entropy = sum (release) or mean of the first min(k, "
+                                      "len) token entropies, / ln|V| (§1.2); mean makes ΔH min(k, "
+                                      "len) times smaller (the default before 2026-12-05).",
                                choices=("sum", "mean"))
-    entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy (default) or the release's slot-keyed, never-reset one (§1.4).", choices=("lineage", "slot_persistent"))
-    entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the latest tool result (paper) or the previous one (release) (§1.2).", choices=("latest", "previous"))
-    restarts: bool = knob(True, "Start a fresh trajectory, one at a time, when a prompt has none active and fewer than n (§1.5); false starts all missing ones at once.")
-    temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release: 1.0; 0.9 here for the tiny "
-                                   "model, see lab/notebook.md).", gt=0)
+    entropy_baseline: str = knob("lineage", "ΔH baseline: the trajectory's own root entropy "
+                                            "(default) or the release's slot-keyed, never-reset "
+                                            "one (§1.4).", choices=("lineage", "slot_persistent"))
+    entropy_segment: str = knob("latest", "Segment whose entropy drives branching: after the "
+                                          "latest tool result (paper) or the previous one "
+                                          "(release) (§1.2).", choices=("latest", "previous"))
+    restarts: bool = knob(True, "Start a fresh trajectory, one at a time, when a prompt has none active "
+                                "and fewer than n (§1.5); false starts all missing ones at once.")
+    temperature: float = knob(0.9, "Sampling temperature for training rollouts (§1.1; release: "
+                                   "1.0; 0.9 here for the tiny model, see lab/notebook.md).", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling (§1.1; 1.0 = off).", gt=0, le=1)
     top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
     min_p: float = knob(0.0, "Min-p sampling: keep tokens whose tempered probability is at least min_p times the most "
                              "likely one's (0 = off).", ge=0, le=1)
-    repetition_penalty: float = knob(1.0, "Penalty on tokens already in the sequence (prompt, model and tool tokens): a "
-                                          "logit l becomes l/p if l > 0, else l·p, before temperature (vLLM's and "
-                                          "transformers' rule; 1 = off).", gt=0)
-    min_tokens: int = knob(0, "Each round generates at least this many tokens (budget permitting): EOS cannot be sampled "
-                              "and stop strings (closing tool tags) do not end the round before (vLLM's min_tokens; 0 = off).", ge=0)
-    ignore_eos: bool = knob(False, "EOS does not end a round (it may still be sampled): only stop strings and the budgets "
-                                   "do (vLLM's ignore_eos; for benchmarks of fixed lengths).")
+    repetition_penalty: float = knob(1.0, "Penalty on tokens already in the sequence (prompt, model and tool "
+                                          "tokens): a logit l becomes l/p if l > 0, else l·p, before "
+                                          "temperature (vLLM's and transformers' rule; 1 = off).", gt=0)
+    min_tokens: int = knob(0, "Each round generates at least this many tokens (budget permitting): "
+                              "EOS cannot be sampled and stop strings (closing tool tags) do not "
+                              "end the round before (vLLM's min_tokens; 0 = off).", ge=0)
+    ignore_eos: bool = knob(False, "EOS does not end a round (it may still be sampled): only stop strings "
+                                   "and the budgets do (vLLM's ignore_eos; for benchmarks of fixed lengths).")
     logprobs_mode: str = knob("raw_logprobs", "What the engine records as each sampled token's log-prob (vLLM's "
-                                              "logprobs_mode): raw_logprobs, the untempered policy's; processed_logprobs, "
-                                              "the distribution it drew from (after temperature, min-p, top-k, top-p and "
-                                              "the repetition penalty, renormalised; verl's default). Rollout Correction "
-                                              "takes it as π_rollout (§2.11); engines with the capability "
-                                              "processed_logprobs (hf).", choices=("raw_logprobs", "processed_logprobs"))
-    max_prompt_length: int = knob(256, "Longest prompt in tokens; a longer one is rejected with an error naming the prompt.", ge=1)
+                                              "logprobs_mode): raw_logprobs, the untempered policy's; "
+                                              "processed_logprobs, the distribution it drew from (after temperature, "
+                                              "min-p, top-k, top-p and the repetition penalty, renormalised; verl's "
+                                              "default). Rollout Correction takes it as π_rollout (§2.11); engines "
+                                              "with the capability processed_logprobs "
+                                              "(hf).", choices=("raw_logprobs", "processed_logprobs"))
+    max_prompt_length: int = knob(256, "Longest prompt in tokens; a longer one is "
+                                       "rejected with an error naming the prompt.", ge=1)
     max_response_length: int = knob(256, "Response budget: model + tool tokens (§1.1; release 6192).", ge=1)
     max_tokens_per_round: int = knob(128, "Most tokens the model generates in one round.", ge=1)
     max_tool_response_tokens: int = knob(96, "Tool results are truncated to this many tokens.", ge=1)
     call_limit: int = knob(6, "Most tool calls per trajectory (§1.1; release 6).", ge=0)
-    tool_format: str = knob("xml", "Tool-call format: the release's XML tags or Hermes <tool_call>{json}</tool_call>.", choices=("xml", "hermes"))
+    tool_format: str = knob("xml", "Tool-call format: the release's XML tags or Hermes "
+                                   "<tool_call>{json}</tool_call>.", choices=("xml", "hermes"))
     tool_timeout: float = knob(10.0, "Per-call tool timeout in seconds.", gt=0)
     tool_workers: int = knob(8, "Tool calls run concurrently in this many threads.", ge=1)
-    sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp (also its working "
-                                     "directory, /var/tmp and /dev/shm) is a tmpfs of this size, gone after the call "
-                                     "(isolations with a private root, see docs/tools.md).", ge=1)
-    sandbox_isolation: str = knob("auto", "Isolation of the python tool's code (docs/tools.md): auto = the strongest mode with "
-                                          "a private root that works here (bubblewrap, namespaces, user-namespace), refusing "
-                                          "to start when none does; a mode by name, e.g. nobody (root) or none, runs without "
-                                          "a private root, with the risks the warning at start and docs/tools.md list.",
+    sandbox_write_mb: int = knob(64, "Most the python tool's code can write in one call, in MB: its private /tmp "
+                                     "(also its working directory, /var/tmp and /dev/shm) is a tmpfs of this size, "
+                                     "gone after the call (isolations with a private root, see docs/tools.md).", ge=1)
+    sandbox_isolation: str = knob("auto", "Isolation of the python tool's code (docs/tools.md): auto = the "
+                                          "strongest mode with a private root that works here (bubblewrap, "
+                                          "namespaces, user-namespace), refusing to start when none does; a "
+                                          "mode by name, e.g. nobody (root) or none, runs without a private "
+                                          "root, with the risks the warning at start and docs/tools.md list.",
                                   choices=("auto", "bubblewrap", "namespaces", "user-namespace", "nobody", "none"))
-    tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this share (0 to 1) of the "
-                                             "tool calls fail: server down or answering errors, sandbox failing or stopping "
-                                             "the code, unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)
-    cpu_decode_threads: int | None = knob(None, "engine=hf on the CPU: torch threads while the engine generates (the "
-                                                "trainer's forward and backward passes keep torch's setting). None: one "
-                                                "thread for a policy under 50M parameters, whose small decoding kernels "
-                                                "run faster alone than with threads to wake (docs/training.md), torch's "
-                                                "setting otherwise.", ge=1)
-    cuda_graphs: str = knob("auto", "engine=hf: the static decode path (fixed key/value buffers, one decode step over a "
-                                    "4-D mask) recorded as CUDA graphs and replayed (docs/engines.md). auto: on a GPU, "
-                                    "the dynamic path on the CPU (the static one is as fast there but not bitwise "
-                                    "the same) and with flash "
-                                    "attention; on: the static path everywhere (eager on the CPU); off: the dynamic "
-                                    "path (one eager forward per token over a shrinking batch).",
+    tool_error_warn_share: float = knob(0.5, "Warn once (per RL run, per aepo eval) when more than this "
+                                             "share (0 to 1) of the tool calls fail: server down or "
+                                             "answering errors, sandbox failing or stopping the code, "
+                                             "unusable calls (docs/tools.md); 1 = never.", ge=0, le=1)
+    cpu_decode_threads: int | None = knob(None, "engine=hf on the CPU: torch threads while the engine generates "
+                                                "(the trainer's forward and backward passes keep torch's "
+                                                "setting). None: one thread for a policy under 50M parameters, "
+                                                "whose small decoding kernels run faster alone than with threads "
+                                                "to wake (docs/training.md), torch's setting otherwise.", ge=1)
+    cuda_graphs: str = knob("auto", "engine=hf: the static decode path (fixed key/value buffers, one decode step over "
+                                    "a 4-D mask) recorded as CUDA graphs and replayed (docs/engines.md). auto: on a "
+                                    "GPU, the dynamic path on the CPU (the static one is as fast there but not bitwise "
+                                    "the same) and with flash attention; on: the static path everywhere (eager on the "
+                                    "CPU); off: the dynamic path (one eager forward per token over a shrinking batch).",
                             choices=("auto", "on", "off"))
-    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the [vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
-    engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for engine=openai (e.g. http://127.0.0.1:8000/v1).")
-    engine_model: str | None = knob(None, "Model name sent to the engine=openai server; None = model.path (vLLM's default served name).")
-    vllm_gpu_memory_utilization: float = knob(0.35, "engine=vllm: share of the GPU's memory vLLM may take for weights and KV cache "
-                                                    "(the trainer needs the rest; docs/gpu.md).", gt=0, le=1)
-    vllm_max_model_len: int | None = knob(None, "engine=vllm: longest context vLLM serves; None = the model's own maximum.", ge=1)
+    engine: str = knob("hf", "Generation engine: hf (built-in KV-cache decoder), vllm (in-process vLLM, the "
+                             "[vllm] extra), or openai (a server).", choices=lambda: _registered("ENGINES"))
+    engine_url: str | None = knob(None, "Base URL of an OpenAI-compatible server for "
+                                        "engine=openai (e.g. http://127.0.0.1:8000/v1).")
+    engine_model: str | None = knob(None, "Model name sent to the engine=openai server; "
+                                          "None = model.path (vLLM's default served name).")
+    vllm_gpu_memory_utilization: float = knob(0.35, "engine=vllm: share of the GPU's memory vLLM may "
+                                                    "take for weights and KV cache (the trainer "
+                                                    "needs the rest; docs/gpu.md).", gt=0, le=1)
+    vllm_max_model_len: int | None = knob(None, "engine=vllm: longest context vLLM serves; "
+                                                "None = the model's own maximum.", ge=1)
     vllm_enforce_eager: bool = knob(False, "engine=vllm: no CUDA graphs / compilation (faster start, slower decoding).")
-    vllm_compilation_config: str | None = knob(None, "engine=vllm: vLLM's compilation_config, a YAML/JSON mapping passed "
-                                                     "through to vllm.LLM (docs/gpu.md), e.g. the fast start "
+    vllm_compilation_config: str | None = knob(None, "engine=vllm: vLLM's compilation_config, a YAML/JSON mapping "
+                                                     "passed through to vllm.LLM (docs/gpu.md), e.g. the fast start "
                                                      "'{mode: 0, cudagraph_mode: FULL_DECODE_ONLY}': no inductor, CUDA "
                                                      "graphs of whole decode steps; None: vLLM's default (compiles).")
-    vllm_sleep: bool = knob(True, "engine=vllm: free vLLM's GPU memory (sleep level 2) while the trainer trains and wake it "
-                                  "for the rollout; CUDA only, ignored on the CPU.")
+    vllm_sleep: bool = knob(True, "engine=vllm: free vLLM's GPU memory (sleep level 2) while the trainer "
+                                  "trains and wake it for the rollout; CUDA only, ignored on the CPU.")
     seed: int = knob(0, "Seed of the uniform draws U (§1.4) and of the engine's sampler.")
 
 
@@ -236,56 +281,69 @@ class RolloutCorrectionConfig:
     """verl's ``algorithm.rollout_correction`` (§2.11): importance weights and rejection from the rollout
     engine's own log-probs, and the bypass mode that takes them as π_old."""
 
-    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.11): token, "
-                                        "sequence (the product over the row's trained tokens), or null (off).",
+    rollout_is: str | None = knob(None, "Truncated importance weights π_old/π_rollout on the policy loss (§2.11): "
+                                        "token, sequence (the product over the row's trained tokens), or null (off).",
                                   choices=IS_LEVELS)
-    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U (TIS); L_U (e.g. 0.5_2.0) "
-                                            "zeroes them outside [L, U] (IcePop). 0 < L <= U; quote L_U in a YAML file.")
+    rollout_is_threshold: str = knob("2.0", "IS threshold (§2.11): U truncates the weights at U "
+                                            "(TIS); L_U (e.g. 0.5_2.0) zeroes them outside [L, "
+                                            "U] (IcePop). 0 < L <= U; quote L_U in a YAML file.")
     rollout_is_batch_normalize: bool = knob(False, "Divide the IS weights by their batch mean (§2.11).")
-    rollout_rs: str | None = knob(None, "Rejection (§2.11): comma-separated options, all must pass, each token_kX, seq_sum_kX, "
-                                        "seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = 2, 3); a rejected token or row leaves "
-                                        "the loss mask; null = off.")
-    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.11): one for all options or one per option, "
-                                                  "comma-separated; k1 options take L_U or U (ratio bounds, L = 1/U), "
-                                                  "k2/k3 options an upper bound U > 0.")
+    rollout_rs: str | None = knob(None, "Rejection (§2.11): comma-separated options, all must pass, each "
+                                        "token_kX, seq_sum_kX, seq_mean_kX (X = 1, 2, 3) or seq_max_kX (X = "
+                                        "2, 3); a rejected token or row leaves the loss mask; null = off.")
+    rollout_rs_threshold: str | None = knob(None, "Rejection thresholds (§2.11): one for all options or one per "
+                                                  "option, comma-separated; k1 options take L_U or U (ratio "
+                                                  "bounds, L = 1/U), k2/k3 options an upper bound U > 0.")
     bypass_mode: bool = knob(False, "π_old = the rollout engine's log-probs: no old-log-prob forward; rejection is "
                                     "then computed from π_θ against π_rollout in each micro-batch (§2.11).")
-    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.11): ppo_clip = algorithm.policy_loss with π_old = π_rollout "
-                                      "(verl's reinforce is not implemented).", choices=LOSS_TYPES)
+    loss_type: str = knob("ppo_clip", "Bypass-mode loss (§2.11): ppo_clip = algorithm.policy_loss with π_old "
+                                      "= π_rollout (verl's reinforce is not implemented).", choices=LOSS_TYPES)
 
 
 @dataclass
 class AlgorithmConfig:
     """Policy loss and advantage settings; ``aepo_rl.algorithms.PolicyLossConfig`` is this class."""
 
-    policy_loss: str = knob("aepo", "Policy loss (§2, §4): a name in aepo_rl.algorithms.POLICY_LOSSES (yours too, once registered).",
+    policy_loss: str = knob("aepo", "Policy loss (§2, §4): a name in "
+                                    "aepo_rl.algorithms.POLICY_LOSSES (yours too, once registered).",
                             choices=lambda: _registered("POLICY_LOSSES"))
-    adv_estimator: str = knob("grpo", "Advantage estimator (§2.1, §4): a name in aepo_rl.algorithms.ADVANTAGE_ESTIMATORS (yours too, once registered).",
+    adv_estimator: str = knob("grpo", "Advantage estimator (§2.1, §4): a name in "
+                                      "aepo_rl.algorithms.ADVANTAGE_ESTIMATORS (yours too, once registered).",
                               choices=lambda: _registered("ADVANTAGE_ESTIMATORS"))
     clip_ratio_low: float = knob(0.2, "ε_l, lower clip (§2.3; release 0.2).", ge=0, le=1)
     clip_ratio_high: float = knob(0.2, "ε_h, upper clip (§2.3; release 0.2; DAPO/GPPO 0.28).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound c for A < 0 (§2.3; release 3).", gt=1)
-    loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.5).", choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    loss_agg_scope: str = knob("mini-batch", "Loss normalised over the whole mini-batch (verl ≥ 0.6; default) or over each micro-batch, "
-                                             "micro-batch losses weighted by their share of sequences (release, verl 0.3.1) (§2.5).",
+    loss_agg_mode: str = knob("token-mean", "verl loss aggregation (§2.5).",
+                              choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                       "seq-mean-token-sum-norm"))
+    loss_agg_scope: str = knob("mini-batch", "Loss normalised over the whole mini-batch (verl ≥ 0.6; "
+                                             "default) or over each micro-batch, micro-batch losses weighted "
+                                             "by their share of sequences (release, verl 0.3.1) (§2.5).",
                                choices=("mini-batch", "micro-batch"))
-    loss_scale_factor: int | None = knob(None, "Constant divisor T of seq-mean-token-sum-norm (Dr.GRPO, §4; verl's actor.loss_scale_factor) "
-                                               "in tokens; None = rollout.max_response_length, the length the release pads responses to.", ge=1)
+    loss_scale_factor: int | None = knob(None, "Constant divisor T of seq-mean-token-sum-norm "
+                                               "(Dr.GRPO, §4; verl's actor.loss_scale_factor) "
+                                               "in tokens; None = rollout.max_response_length, "
+                                               "the length the release pads responses to.", ge=1)
     entropy_adv_coef: float = knob(0.2, "a in Ã = A·(1 + a·z) (§2.2; release 0.2, silently off); 0 disables.", ge=0)
-    entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
+    entropy_adv_scope: str = knob("mini-batch", "Statistics of z over: micro-batch (release), mini-batch (default) "
+                                                "or group (§2.2).", choices=("micro-batch", "mini-batch", "group"))
     entropy_adv_clamp: bool = knob(False, "Clamp the scale 1 + a·z at 0 (§2.2).")
-    sg_upper_clip: bool = knob(True, "aepo loss: the upper clip bound keeps a gradient through (1+ε_h)·r/sg(r) (§2.3); false = PPO's "
-                                     "hard clip (the paper's ablation of the stop-gradient clip).")
-    grad_preserve_entropy_quantile: float | None = knob(None, "Preserve the upper-clip gradient only for tokens above this entropy quantile (§2.3 paper); None = every token (release).", ge=0, le=1)
-    tempered_logprobs: bool = knob(False, "Log-probs, ratios and entropies of training from logits / rollout.temperature, the "
-                                          "distribution the rollout sampled (verl's actor; official); False: the untempered policy's, "
+    sg_upper_clip: bool = knob(True, "aepo loss: the upper clip bound keeps a gradient through (1+ε_h)·r/sg(r) (§2.3); "
+                                     "false = PPO's hard clip (the paper's ablation of the stop-gradient clip).")
+    grad_preserve_entropy_quantile: float | None = knob(None, "Preserve the upper-clip gradient only for tokens "
+                                                              "above this entropy quantile (§2.3 paper); None = "
+                                                              "every token (release).", ge=0, le=1)
+    tempered_logprobs: bool = knob(False, "Log-probs, ratios and entropies of training from logits / "
+                                          "rollout.temperature, the distribution the rollout sampled "
+                                          "(verl's actor; official); False: the untempered policy's, "
                                           "as the engine records them. The two agree at temperature 1.")
     gamma: float = knob(1.0, "Discount γ for REINFORCE++ returns (§4).", ge=0, le=1)
     norm_adv_by_std: bool = knob(True, "Divide group advantages by their std (False = Dr.GRPO) (§4).")
     gigpo_step_weight: float = knob(1.0, "ω: weight of GiGPO's step advantage (§4).", ge=0)
     use_kl_loss: bool = knob(False, "KL to the reference as a loss term (§2.4: off in the release).")
     kl_loss_coef: float = knob(0.001, "KL loss coefficient.", ge=0)
-    kl_loss_type: str = knob("low_var_kl", "KL estimator: k1, k2, k3 (= low_var_kl).", choices=("k1", "k2", "k3", "low_var_kl"))
+    kl_loss_type: str = knob("low_var_kl", "KL estimator: k1, k2, k3 (= low_var_kl).",
+                             choices=("k1", "k2", "k3", "low_var_kl"))
     use_kl_in_reward: bool = knob(False, "KL penalty folded into token rewards (REINFORCE++).")
     kl_coef: float = knob(0.001, "KL-in-reward coefficient.", ge=0)
     entropy_coeff: float = knob(0.0, "Entropy bonus coefficient (§2.4: 0 in the release).", ge=0)
@@ -298,8 +356,10 @@ class AlgorithmConfig:
 
 @dataclass
 class SFTConfig:
-    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for the tiny model, see lab/notebook.md).", ge=0)
-    lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 here for the tiny model, see lab/notebook.md).", gt=0)
+    epochs: int = knob(12, "Cold-start SFT epochs (§5; release: 3; 12 here for "
+                           "the tiny model, see lab/notebook.md).", ge=0)
+    lr: float = knob(3e-3, "Peak learning rate (release: 7e-6 for a 14B model; 3e-3 "
+                           "here for the tiny model, see lab/notebook.md).", gt=0)
     batch_size: int = knob(32, "Sequences per optimizer step (32 here for the tiny model, see lab/notebook.md).", ge=1)
     warmup_ratio: float = knob(0.05, "Share of steps of linear warm-up before cosine decay.", ge=0, le=1)
     weight_decay: float = knob(0.01, "AdamW weight decay.", ge=0)
@@ -326,29 +386,32 @@ class TrainerConfig:
     device: str = knob("auto", "Device of the policy, the reference model, every training batch and the HF engine's "
                                "caches and sampler: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N "
                                "(docs/gpu.md).")
-    eval_every: int = knob(20, "Evaluate every k RL steps too, so the pass@1 curve has points between its ends (0 = only "
-                               "before and after RL); each evaluation restores the random states it drew from, so "
-                               "it changes the run's time, not its training.", ge=0)
+    eval_every: int = knob(20, "Evaluate every k RL steps too, so the pass@1 curve has points between its "
+                               "ends (0 = only before and after RL); each evaluation restores the random "
+                               "states it drew from, so it changes the run's time, not its training.", ge=0)
     save_every: int = knob(1, "Checkpoint every k steps.", ge=1)
     keep_checkpoints: int = knob(2, "Keep only the newest k step checkpoints (the SFT model is always kept).", ge=1)
-    max_gen_batches: int = knob(3, "DAPO dynamic sampling: most rollout batches per step to refill dropped groups (§4; verl max_num_gen_batches).", ge=1)
+    max_gen_batches: int = knob(3, "DAPO dynamic sampling: most rollout batches per step to "
+                                   "refill dropped groups (§4; verl max_num_gen_batches).", ge=1)
     rollouts_to_save: int = knob(16, "Trajectories written to rollouts/step_<k>.jsonl each step.", ge=0)
     run_dir: str = knob("runs", "Parent folder of runs.")
     run_name: str | None = knob(None, "Run folder name; None = '<preset>-<timestamp>'.")
     seed: int = knob(0, "Seed of data order, initialisation and sampling.")
     tensorboard: bool = knob(True, "Write TensorBoard event files.")
     wandb_project: str | None = knob(None, "Log to Weights & Biases under this project when wandb is installed.")
-    target_kl: float | None = knob(None, "Stop an RL step's remaining mini-batches (and PPO epochs) once a mini-batch's "
-                                         "actor/approx_kl to π_old (k3, nats per token) exceeds this; that mini-batch is not stepped either "
+    target_kl: float | None = knob(None, "Stop an RL step's remaining mini-batches (and PPO epochs) once a "
+                                         "mini-batch's actor/approx_kl to π_old (k3, nats per token) "
+                                         "exceeds this; that mini-batch is not stepped either "
                                          "(docs/training.md \"Staying on-policy\"); None = off.", gt=0)
     warn_steps: int = knob(3, "Consecutive RL steps a warning's condition must hold before it is printed "
                               "(docs/training.md \"Staying on-policy\").", ge=1)
     warn_clipfrac: float = knob(0.02, "Warn far off-policy when actor/pg_clipfrac exceeds this (normal 0.001-0.005).",
                                 gt=0, le=1)
     warn_ppo_kl: float = knob(0.02, "Warn far off-policy when actor/ppo_kl exceeds this, in nats per token.", gt=0)
-    warn_mismatch_kl: float = knob(0.001, "Warn when the training-rollout mismatch rollout_corr/k3_kl exceeds this.", gt=0)
-    warn_entropy_window: int = knob(10, "Warn when actor/entropy halves or grows by half, moving the same way in at least "
-                                        "70% of the steps, over this many steps.", ge=3)
+    warn_mismatch_kl: float = knob(0.001, "Warn when the training-rollout mismatch "
+                                          "rollout_corr/k3_kl exceeds this.", gt=0)
+    warn_entropy_window: int = knob(10, "Warn when actor/entropy halves or grows by half, moving the same "
+                                        "way in at least 70% of the steps, over this many steps.", ge=3)
 
 
 @dataclass
@@ -440,8 +503,9 @@ TRL_ALIASES: dict[str, str] = {
     "temperature": "rollout.temperature", "top_p": "rollout.top_p", "top_k": "rollout.top_k", "min_p": "rollout.min_p",
     "repetition_penalty": "rollout.repetition_penalty", "epsilon": "algorithm.clip_ratio_low",
     "epsilon_high": "algorithm.clip_ratio_high", "delta": "algorithm.clip_ratio_c", "seed": "trainer.seed",
-    "save_steps": "trainer.save_every", "save_total_limit": "trainer.keep_checkpoints", "eval_steps": "trainer.eval_every",
-    "warmup_steps": "trainer.warmup_steps", "weight_decay": "trainer.weight_decay", "max_grad_norm": "trainer.grad_clip",
+    "save_steps": "trainer.save_every", "save_total_limit": "trainer.keep_checkpoints",
+    "eval_steps": "trainer.eval_every", "warmup_steps": "trainer.warmup_steps", "weight_decay": "trainer.weight_decay",
+    "max_grad_norm": "trainer.grad_clip",
     "num_iterations": "trainer.ppo_epochs", "bf16": "trainer.bf16", "run_name": "trainer.run_name",
     "gradient_checkpointing": "model.gradient_checkpointing", "num_generations_eval": "eval.samples",
 }
@@ -605,9 +669,9 @@ def circuit_shape_error(hidden_size: int, layers: int, heads: int, kv_heads: int
         return (f"the induction circuit (model.tiny_init=induction) needs at least 2 layers, got "
                 f"model.tiny_num_layers={layers}: set model.tiny_num_layers=2, or model.tiny_init=random")
     if head_dim < CIRCUIT_MIN_HEAD_DIM:
-        return (f"the induction circuit (model.tiny_init=induction) needs model.tiny_head_dim >= {CIRCUIT_MIN_HEAD_DIM} "
-                f"(RoPE pairs for its position and token matches), got {head_dim}: raise model.tiny_head_dim (64 is "
-                "the default), or set model.tiny_init=random")
+        return ("the induction circuit (model.tiny_init=induction) needs model.tiny_head_dim >= "
+                f"{CIRCUIT_MIN_HEAD_DIM} (RoPE pairs for its position and token matches), got {head_dim}: "
+                "raise model.tiny_head_dim (64 is the default), or set model.tiny_init=random")
     needed = circuit_heads(hidden_size, head_dim)
     if needed > kv_heads:
         wider = -(-(hidden_size // 2) // kv_heads)
@@ -671,9 +735,9 @@ def validate(cfg: Config) -> Config:
     if cfg.model.path is None and cfg.model.init is None and (error := tiny_shape_error(cfg.model)):
         raise ConfigError(error)
     if cfg.trainer.mini_batch_size > cfg.trainer.batch_size:
-        raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= trainer.batch_size="
-                          f"{cfg.trainer.batch_size}: lower trainer.mini_batch_size, or leave it unset (it then follows "
-                          "a smaller trainer.batch_size)")
+        raise ConfigError(f"trainer.mini_batch_size={cfg.trainer.mini_batch_size} must be <= "
+                          f"trainer.batch_size={cfg.trainer.batch_size}: lower trainer.mini_batch_size, "
+                          "or leave it unset (it then follows a smaller trainer.batch_size)")
     if cfg.task.val_corpus and cfg.task.search_url:
         raise ConfigError(f"task.val_corpus={cfg.task.val_corpus} is searched in-process, but task.search_url="
                           f"{cfg.task.search_url} answers every split's searches: unset one (to evaluate on another "
@@ -770,16 +834,16 @@ def check_rollout_correction(cfg: Config) -> None:
     if (uses_rollout_log_probs(cfg) and cfg.algorithm.tempered_logprobs and cfg.rollout.temperature != 1
             and cfg.rollout.logprobs_mode == "raw_logprobs"):
         raise ConfigError(f"{key} compares the trainer's log-probs with the engine's, which are untempered "
-                          f"(rollout.logprobs_mode=raw_logprobs), but algorithm.tempered_logprobs=true makes the trainer's "
-                          f"tempered (rollout.temperature={cfg.rollout.temperature}): set "
-                          "rollout.logprobs_mode=processed_logprobs (the engine then records the tempered log-probs), or "
-                          "algorithm.tempered_logprobs=false, or turn the correction off")
+                          "(rollout.logprobs_mode=raw_logprobs), but algorithm.tempered_logprobs=true makes the "
+                          f"trainer's tempered (rollout.temperature={cfg.rollout.temperature}): set "
+                          "rollout.logprobs_mode=processed_logprobs (the engine then records the tempered "
+                          "log-probs), or algorithm.tempered_logprobs=false, or turn the correction off")
     if (cfg.rollout.logprobs_mode != "raw_logprobs" and cfg.rollout.entropy_measure == "surprisal"
             and cfg.rollout.mode != "independent"):
-        raise ConfigError(f"rollout.entropy_measure=surprisal reads the engine's recorded log-probs, which "
-                          f"rollout.logprobs_mode={cfg.rollout.logprobs_mode} makes those of the tempered, filtered "
-                          "distribution rather than the policy's (§1.2): set rollout.entropy_measure=full or top10_proxy, "
-                          "or rollout.logprobs_mode=raw_logprobs")
+        raise ConfigError("rollout.entropy_measure=surprisal reads the engine's recorded log-probs, which "
+                          f"rollout.logprobs_mode={cfg.rollout.logprobs_mode} makes those of the tempered, "
+                          "filtered distribution rather than the policy's (§1.2): set "
+                          "rollout.entropy_measure=full or top10_proxy, or rollout.logprobs_mode=raw_logprobs")
 
 
 def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:

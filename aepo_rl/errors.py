@@ -23,7 +23,8 @@ class UserError(Exception):
 
 
 class MissingExtraError(UserError, ModuleNotFoundError):
-    """An optional dependency is not installed; the message names the ``pip install -e '.[extra]'`` to run in the aepo-rl clone."""
+    """An optional dependency is not installed; the message names the ``pip install -e '.[extra]'`` to run in the
+    aepo-rl clone."""
 
 
 class EndpointError(UserError, ConnectionError):

@@ -186,7 +186,8 @@ def print_results(results: dict[str, dict[str, Any]], title: str = "evaluation")
     for name, m in results.items():
         errors = (f"{m['tool_errors/mean']:.2f}",) if failed else ()
         table.add_row(name, f"{m['pass@1']:.3f}", f"{m['pass@k']:.3f}", str(m["k"]), str(m["num_questions"]),
-                      f"{m['tool_calls/mean']:.2f}", *errors, f"{m['response_length/mean']:.1f}", f"{m['reward/mean']:.3f}")
+                      f"{m['tool_calls/mean']:.2f}", *errors, f"{m['response_length/mean']:.1f}",
+                      f"{m['reward/mean']:.3f}")
     get_console().print(table)
     for name, m in results.items():
         extras = {key: m.get(key) for key in ("calls_per_correct", "tool_productivity", "excess_calls/mean",

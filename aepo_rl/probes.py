@@ -448,7 +448,8 @@ def _objective_gradients(model, params, batch, rows, fixed, cfg: Config):
         for target, objective in ((g_entropy, (ent * micro_mask).sum() / counts["tokens"]),
                                   (g_logp, (lp * high).sum() / max(1, high_total))):
             grads = torch.autograd.grad(objective, params, retain_graph=True, allow_unused=True)
-            target += torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+            target += torch.cat([(g if g is not None else torch.zeros_like(p)).flatten()
+                                 for g, p in zip(grads, params)])
     return g_entropy, g_logp, counts
 
 

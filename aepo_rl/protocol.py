@@ -152,7 +152,8 @@ class Protocol:
             error = f"Error: the tool call is not valid JSON ({err.msg} at char {err.pos})."
             return ToolCallRequest(None, "?", body, error=error)
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return ToolCallRequest(None, "?", body, error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
+            return ToolCallRequest(None, "?", body, error='Error: a tool call must be '
+                                                          '{"name": ..., "arguments": {...}}.')
         name = call["name"]
         key = next((k for k, tool in self.tools.items() if name in (tool.name, k)), None)
         if key is None:

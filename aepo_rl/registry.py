@@ -213,13 +213,15 @@ current policy with no weight sync and its recorded log-probs and entropies are 
 syncs_weights: the engine holds its own copy of the weights and has ``sync_weights(model)``, which
 the built-in trainer calls after every optimizer step, before the next rollout (π_old then comes
 from the trainer's own forward). The built-in trainer needs one of the two. entropies: the
-step-entropy measures (``rollout.entropy_measure``, §1.2) it can give exactly: ``full`` (full-vocabulary entropies), ``surprisal`` (the sampled tokens'
-untempered log-probs) and/or ``top10_proxy`` (the release's). sampling: the optional sampling options of
+step-entropy measures (``rollout.entropy_measure``, §1.2) it can give exactly: ``full`` (full-vocabulary
+entropies), ``surprisal`` (the sampled tokens' untempered log-probs) and/or ``top10_proxy`` (the release's).
+sampling: the optional sampling options of
 :class:`~aepo_rl.engines.base.SamplingParams` it honours (``min_tokens``, ``ignore_eos``,
 ``repetition_penalty``, ``min_p``); a run that sets another one (``rollout.<option>``) is refused at start.
 behaviour_logprobs: every generated token's recorded ``logprobs`` entry is the log-prob of the engine's own
-weights (untempered, or as ``rollout.logprobs_mode`` asks), finite, so Rollout Correction (``algorithm.rollout_correction``, §2.11) can use it as
-π_rollout; a run that turns the correction on with an engine that does not declare it is refused at start.
+weights (untempered, or as ``rollout.logprobs_mode`` asks), finite, so Rollout Correction
+(``algorithm.rollout_correction``, §2.11) can use it as π_rollout; a run that turns the correction on with an
+engine that does not declare it is refused at start.
 processed_logprobs: the factory honours ``rollout.logprobs_mode=processed_logprobs`` (vLLM's name): each recorded
 ``logprobs`` entry is then the log-prob under the distribution the token was drawn from (after the repetition
 penalty, temperature, min-p, top-k and top-p, renormalised); a run that sets it with an engine that does not

@@ -52,9 +52,9 @@ AEPO_FIELDS = {"aepo_sg_upper_clip": "algorithm.sg_upper_clip", "aepo_entropy_ad
 """``AEPOGRPOConfig``'s AEPO keys (aepo_rl.integrations.trl) → this trainer's."""
 BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                 "generation_batch_size")
-TRANSLATED = ("beta", "report_to", "optim", "loss_type", "scale_rewards", "lr_scheduler_type", "warmup_ratio", "use_vllm",
-              "vllm_mode", "vllm_gpu_memory_utilization", "vllm_max_model_length", "use_cpu", "reward_weights",
-              "project", *BATCH_FIELDS, *AEPO_FIELDS)
+TRANSLATED = ("beta", "report_to", "optim", "loss_type", "scale_rewards", "lr_scheduler_type", "warmup_ratio",
+              "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_max_model_length", "use_cpu",
+              "reward_weights", "project", *BATCH_FIELDS, *AEPO_FIELDS)
 """Fields mapped by a translation rather than one key."""
 
 
@@ -196,7 +196,8 @@ def _batch(values: dict[str, Any], out: Mapped, n: int) -> None:
         return
     per_device = values.get("per_device_train_batch_size") or 8
     accumulation = values.get("gradient_accumulation_steps") or 1
-    generation = values.get("generation_batch_size") or per_device * (values.get("steps_per_generation") or accumulation)
+    generation = (values.get("generation_batch_size")
+                  or per_device * (values.get("steps_per_generation") or accumulation))
     per_step = per_device * accumulation
     if per_step % n or generation % n:
         out.refused["per_device_train_batch_size"] = (

@@ -12,6 +12,6 @@ from .losses import POLICY_LOSSES, clipped_surrogate, get_policy_loss, high_entr
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGG_MODES", "AGG_SCOPES", "POLICY_LOSSES", "PolicyLossConfig", "agg_loss",
     "clipped_surrogate", "entropy_adv_scale", "entropy_bonus", "entropy_from_logits", "entropy_stats", "filter_groups",
-    "get_advantage_estimator", "get_policy_loss", "high_entropy_shares", "kl_penalty", "micro_batch_weight", "overlong_penalty",
-    "register_advantage_estimator", "register_policy_loss",
+    "get_advantage_estimator", "get_policy_loss", "high_entropy_shares", "kl_penalty", "micro_batch_weight",
+    "overlong_penalty", "register_advantage_estimator", "register_policy_loss",
 ]

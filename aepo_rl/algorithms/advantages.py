@@ -40,7 +40,8 @@ def _per_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, values[:, None], torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def group_baseline(scores: torch.Tensor, ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_baseline(scores: torch.Tensor, ids: torch.Tensor,
+                   num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row (group mean, group unbiased std, group size); a group of one has mean 0, std 1 (§2.1)."""
     mean, std, count = group_mean_std(scores, ids, num_groups)
     single = count[ids] == 1
@@ -140,7 +141,8 @@ def gigpo_advantage(token_level_rewards, response_mask, index, config=None, *,
     if anchor_keys is None:
         raise ValueError("gigpo needs anchor_keys=[batch, response_len] (long tensor, -1 = no anchor)")
     if anchor_keys.shape != mask.shape:
-        raise ValueError(f"anchor_keys has shape {tuple(anchor_keys.shape)} but response_mask has shape {tuple(mask.shape)}")
+        raise ValueError(f"anchor_keys has shape {tuple(anchor_keys.shape)} but "
+                         f"response_mask has shape {tuple(mask.shape)}")
     episode = group_normalized(scores, index, cfg.norm_adv_by_std)
     rows, cols = ((anchor_keys >= 0) & mask).nonzero(as_tuple=True)
     step = torch.zeros_like(token_level_rewards)

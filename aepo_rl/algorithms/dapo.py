@@ -9,7 +9,8 @@ import torch
 from .tensors import group_ids
 
 
-def filter_groups(rewards: torch.Tensor, index: Sequence[Hashable] | torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def filter_groups(rewards: torch.Tensor,
+                  index: Sequence[Hashable] | torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """Dynamic sampling (§4): keep the rows of groups whose rewards differ (those give GRPO a
     non-zero advantage); drop groups whose rewards are all equal. A group of one is kept (as
     verl does; its GRPO advantage is R itself). ``rewards``: [batch] outcome rewards, or
@@ -21,7 +22,8 @@ def filter_groups(rewards: torch.Tensor, index: Sequence[Hashable] | torch.Tenso
     if not bool(torch.isfinite(scores).all()):
         raise ValueError("rewards contains NaN or Inf")
     ids, num_groups = group_ids(index, scores.shape[0], scores.device)
-    low = torch.full((num_groups,), float("inf"), dtype=scores.dtype, device=scores.device).scatter_reduce(0, ids, scores, "amin")
+    low = torch.full((num_groups,), float("inf"), dtype=scores.dtype,
+                     device=scores.device).scatter_reduce(0, ids, scores, "amin")
     high = torch.full_like(low, float("-inf")).scatter_reduce(0, ids, scores, "amax")
     size = torch.zeros_like(low).index_add_(0, ids, torch.ones_like(scores))
     kept_group = (high > low) | (size == 1)

@@ -95,7 +95,8 @@ def _finish(loss_mat, mask, loss_agg_mode, cfg, log_ratio, upper, lower, dual, e
     ``log_ratio`` and ``extra`` values are already 0 at mask-0 positions, so their masked means
     are plain sums over the token count. ``token_flags`` (a dict) receives the per-token bool
     indicators behind the share metrics, under the same names."""
-    loss = agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor) if aggregate is None else aggregate(loss_mat, mask)
+    loss = (agg_loss(loss_mat, mask, loss_agg_mode, cfg.loss_scale_factor) if aggregate is None
+            else aggregate(loss_mat, mask))
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
         values = {

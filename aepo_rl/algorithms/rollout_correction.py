@@ -167,7 +167,8 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, rs: str, thresho
         if lower is not None:
             m[f"{prefix}_seq_fraction_low"] = masked_mean((row_values < lower).float(), rows_on)
         m[f"{prefix}_masked_fraction"] = masked_mean((~keep).float(), on)
-        m[f"{prefix}_seq_masked_fraction"] = ((~keep & on).any(-1) & on.any(-1)).float().sum() / on.any(-1).float().sum().clamp(min=1)
+        m[f"{prefix}_seq_masked_fraction"] = (((~keep & on).any(-1) & on.any(-1)).float().sum()
+                                              / on.any(-1).float().sum().clamp(min=1))
     m["rollout_rs_masked_fraction"] = masked_mean((~keep_all).float(), on)
     m["rollout_rs_seq_masked_fraction"] = (~keep_all & on).any(-1).float().mean()
     return mask * keep_all.to(mask.dtype), m

@@ -38,7 +38,8 @@ COLUMNS = (
     Column("train_decode_tokens", "tokens decoded in the training rollouts, all steps (Σ rollout/decode_tokens)",
            "training compute"),
     Column("entropy_drift", "actor/entropy: mean of the last 20 steps − mean of the first 10 (shorter runs: "
-                            "the first third, at least one step, against the rest, at most 20)", "rollouts and entropy"),
+                            "the first third, at least one step, against the rest, at most 20)",
+           "rollouts and entropy"),
     Column("entropy_unique_drift", "the same windowed drift of actor/entropy_unique (a forked prefix counted once)",
            "rollouts and entropy"),
     Column("distinct_per_group", "distinct trajectories per rollout group (rollout/distinct_per_group, mean over "

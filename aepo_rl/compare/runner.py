@@ -85,7 +85,8 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
             if sft_eval is None:
                 atomic_write_text(out / "sft" / "config.yaml", to_yaml(cfg))
             sft_model_dir = run_sft_stage(cfg, out / "sft")
-            # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's settings
+            # cfg shares eval.*, model.*, task.* and rollout.seed with the seed-0 runs: their final evaluation's
+            # settings
             if sft_eval is None:
                 sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
                 atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
@@ -114,8 +115,9 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
     diffs = paired_differences(runs, reference, columns)
     with _locked(out / "tables.lock"):  # another process on this folder may be writing its tables
         atomic_write_text(out / "compare.json", json.dumps(
-            {"arms": {arm.name: dataclasses.asdict(arm) for arm in arms}, "seeds": {arm.name: arm.seeds for arm in arms},
-             "steps": num_steps, "sft_model": str(sft_model_dir), "columns": [dataclasses.asdict(c) for c in columns],
+            {"arms": {arm.name: dataclasses.asdict(arm) for arm in arms},
+             "seeds": {arm.name: arm.seeds for arm in arms}, "steps": num_steps, "sft_model": str(sft_model_dir),
+             "columns": [dataclasses.asdict(c) for c in columns],
              "summary": summary, "reference": reference, "paired_differences": diffs, "runs": runs,
              "unfinished": missing}, indent=2) + "\n")
         atomic_write_text(out / "compare.md", markdown_table(summary, seeds, num_steps, columns, arms)
@@ -125,7 +127,8 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
         plot_preset_means({p: rows for p, rows in runs.items() if rows}, sft_eval, out / "plots")
         if run_dirs:
             plot_runs(run_dirs, out / "plots" / "runs")
-    _console_tables(summary, columns, f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
+    _console_tables(summary, columns,
+                    f"compare: {seeds} seed(s) × {num_steps} steps" + ("" if seeds > 1 else " (n=1: no CI)"))
     if diffs:
         print(paired_table(diffs, reference, columns))
     print(f"wrote {out / 'compare.json'}, {out / 'compare.md'} and {out / 'plots'}")

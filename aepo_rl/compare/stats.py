@@ -34,7 +34,8 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": student_t_critical(n - 1) * std / math.sqrt(n), "n": n}
 
 
-def summarize(runs: dict[str, list[dict[str, float | None]]], columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:
+def summarize(runs: dict[str, list[dict[str, float | None]]],
+              columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:
     """``{arm: {column: mean_ci95 over seeds}}``."""
     return {arm: {c.name: mean_ci95([r.get(c.name) for r in rows]) for c in columns} for arm, rows in runs.items()}
 

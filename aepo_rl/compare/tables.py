@@ -85,9 +85,9 @@ def markdown_table(summary: dict[str, dict[str, dict[str, Any]]], seeds: int, st
     ci_note = ("mean ± 95% CI half-width (Student t over an arm's seeds)" if seeds > 1
                else "one seed: no confidence interval (use --seeds ≥ 2)")
     notes = [f"{steps} RL steps per run, same SFT checkpoint and rollout budget; {ci_note}.", ""]
-    notes += [f"- arm **{arm.name}**: preset {arm.preset}" + (", " + ", ".join(f"{k}={v}" for k, v in arm.overrides.items())
-                                                           if arm.overrides else "") for arm in arms or []
-              if arm.overrides or arm.name != arm.preset]
+    notes += [f"- arm **{arm.name}**: preset {arm.preset}"
+              + (", " + ", ".join(f"{k}={v}" for k, v in arm.overrides.items()) if arm.overrides else "")
+              for arm in arms or [] if arm.overrides or arm.name != arm.preset]
     notes += [f"- {SFT_ROW_NOTE}"] + [f"- **{c.name}**: {c.doc}" for c in columns]
     return "\n".join(lines + notes) + "\n"
 

@@ -171,7 +171,8 @@ class OpenAIEngine(TokenLists):
                 break
         if response.status_code == 200:  # what this request carried is what the server takes
             self.vllm = vllm if self.vllm is None else self.vllm
-            self.prompt_format = ("text" if as_text else "token_ids") if self.prompt_format == "auto" else self.prompt_format
+            if self.prompt_format == "auto":
+                self.prompt_format = "text" if as_text else "token_ids"
         if response.status_code in (401, 403, 404):
             fix = "set OPENAI_API_KEY" if response.status_code != 404 else \
                 f"check the base URL (it usually ends in /v1) and the model name {self.model!r}"
@@ -187,7 +188,8 @@ class OpenAIEngine(TokenLists):
         requests (first when the complaint names vLLM's fields, or the prompt cannot change), text prompts (first
         otherwise); False when there is nothing left to drop (the refusal is reported)."""
         said = complaint(response)
-        fields = any(name in said for name in VLLM_FIELDS) or any(word in said.lower() for word in ("unexpected", "extra"))
+        fields = (any(name in said for name in VLLM_FIELDS)
+                  or any(word in said.lower() for word in ("unexpected", "extra")))
         can_drop_fields, can_drop_ids = vllm and self.vllm is None, not as_text and self.prompt_format == "auto"
         if can_drop_fields and (fields or not can_drop_ids):
             self.vllm, self._refusal = False, said

@@ -76,8 +76,8 @@ def decode_path(setting: str, device: torch.device, attention: str) -> DecodePat
         raise ValueError(f"rollout.cuda_graphs must be one of {CUDA_GRAPH_SETTINGS}, got {setting!r}")
     supported = attention in STATIC_ATTENTION
     if setting == "on" and not supported:
-        raise ValueError(f"rollout.cuda_graphs=on needs an attention implementation in {STATIC_ATTENTION} "
-                         f"(the model uses {attention!r}); set model attn_implementation=sdpa or rollout.cuda_graphs=off")
+        raise ValueError(f"rollout.cuda_graphs=on needs an attention implementation in {STATIC_ATTENTION} (the "
+                         f"model uses {attention!r}); set model attn_implementation=sdpa or rollout.cuda_graphs=off")
     cuda = device.type == "cuda"
     if setting == "off" or (setting == "auto" and not (cuda and supported)):
         return DecodePath(static=False, capture=False, strict=False)

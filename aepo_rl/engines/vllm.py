@@ -91,7 +91,8 @@ class VLLMEngine(TokenLists):
         ``{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}`` starts without inductor and still replays whole
         decode steps as CUDA graphs (docs/gpu.md)."""
         if not 10 <= top_logprobs <= 20:
-            raise ValueError(f"VLLMEngine: top_logprobs must be in [10, 20] (the top-10 proxy needs 10), got {top_logprobs}")
+            raise ValueError("VLLMEngine: top_logprobs must be in [10, 20] "
+                             f"(the top-10 proxy needs 10), got {top_logprobs}")
         vllm = import_vllm()
         self.tokenizer = tokenizer
         self.top_logprobs = top_logprobs

@@ -57,5 +57,5 @@ __all__ = ["CHATML_SPECIAL_TOKENS", "CHATML_TEMPLATE", "SMOLLM2_GGUF", "SMOLLM2_
            "TOKENIZER_FILES", "TOOL_TAGS", "ModelPathError", "apply_lora", "build_tiny_model", "check_model_dir",
            "damaged_weights", "enable_gradient_checkpointing", "encode_prompt", "fetch_smollm2_gguf",
            "init_random_model", "init_tiny_model", "is_peft", "load_hf_dir", "load_policy", "load_smollm2_gguf",
-           "load_tokenizer", "model_device", "resolve_device", "save_policy", "smollm2_gguf", "tiny_cache_key", "tiny_config",
-           "torch_dtype", "train_tiny_tokenizer", "weight_files"]
+           "load_tokenizer", "model_device", "resolve_device", "save_policy", "smollm2_gguf", "tiny_cache_key",
+           "tiny_config", "torch_dtype", "train_tiny_tokenizer", "weight_files"]

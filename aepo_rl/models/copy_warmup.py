@@ -39,7 +39,8 @@ rest with uncalibrated confidence: the task's SFT then learns badly, lab/noteboo
 
 
 def copy_batch(pool: torch.Tensor, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``input_ids`` [B, 2·max_len] holding ``x x`` per row (x drawn from ``pool``), right-padded, and the attention mask."""
+    """``input_ids`` [B, 2·max_len] holding ``x x`` per row (x drawn from ``pool``), right-padded, and the attention
+    mask."""
     low, high = COPY_LENGTHS
     lengths = torch.randint(low, high + 1, (batch_size,), generator=generator)
     halves = pool[torch.randint(len(pool), (batch_size, high), generator=generator)]
@@ -68,7 +69,8 @@ def copy_warmup(model, tokenizer, steps: int, seed: int = 0, min_steps: int = 0,
     losses = []
     for step in range(steps):
         ids, mask = (t.to(device) for t in copy_batch(pool, COPY_BATCH, generator))
-        # the rows packed (a third of the batch is padding) and only real targets through the LM head (models/forward.py)
+        # the rows packed (a third of the batch is padding) and only real targets through the LM head
+        # (models/forward.py)
         targets = mask[:, 1:].bool()
         logits = lm_head(model, packed_hidden(model, ids, mask.sum(1))[:, :-1][targets])
         accuracy = repeated_half_accuracy(logits, ids, mask)

@@ -104,7 +104,8 @@ def packed_hidden(model, input_ids: torch.Tensor, lengths: torch.Tensor) -> torc
     for r in range(len(free)):  # a row's tail after its last sequence counts on from it
         used = width - free[r]
         if 0 < used < width:
-            positions[r * width + used:(r + 1) * width] = positions[r * width + used - 1] + 1 + torch.arange(width - used)
+            positions[r * width + used:(r + 1) * width] = (positions[r * width + used - 1] + 1
+                                                           + torch.arange(width - used))
     decoder = language_model(model).get_decoder()
     hidden = decoder(input_ids=ids.view(-1, width), position_ids=positions.to(device).view(-1, width),
                      use_cache=False).last_hidden_state

@@ -125,8 +125,8 @@ def _nearest(folder: Path) -> str:
     names = sorted(entry.name for entry in parent.iterdir() if entry.is_dir())
     part = folder.relative_to(parent).parts[0] if folder.is_relative_to(parent) else folder.name
     close = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
-    return (f" ({parent} exists but has no {part!r}" + (f"; did you mean {', '.join(repr(str(parent / n)) for n in close)}?"
-                                                      if close else "") + ")")
+    return (f" ({parent} exists but has no {part!r}"
+            + (f"; did you mean {', '.join(repr(str(parent / n)) for n in close)}?" if close else "") + ")")
 
 
 def weight_files(folder: str | Path) -> list[Path]:

@@ -26,7 +26,8 @@ def apply_lora(model, model_cfg: ModelConfig):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install -e '.[lora]' in the aepo-rl clone") from None
+        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install -e "
+                                "'.[lora]' in the aepo-rl clone") from None
     lora = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
                       target_modules=list(model_cfg.lora_target_modules), lora_dropout=0.0, bias="none",
                       task_type="CAUSAL_LM")

@@ -42,8 +42,8 @@ def _gold_of(columns: dict, index: int, name: str) -> list[str]:
     answer = columns.get("answer", [None] * (index + 1))[index]
     if answer is not None:
         return gold_answers(answer)
-    raise RewardSetupError(f"reward '{name}' needs the gold answers of completion {index}: give the dataset an 'answer' "
-                    "column, or verl's 'reward_model' = {'ground_truth': ...}")
+    raise RewardSetupError(f"reward '{name}' needs the gold answers of completion {index}: give the dataset "
+                           "an 'answer' column, or verl's 'reward_model' = {'ground_truth': ...}")
 
 
 def reward_function(name: str, *, judge_url: str | None = None, judge_model: str = TaskConfig.judge_model
@@ -138,8 +138,8 @@ class WeightedRewards:
             funcs = [funcs]
         funcs = list(funcs or [])
         if not funcs:
-            raise RewardSetupError("reward_funcs is empty: give at least one reward function (a callable, or a registered "
-                            f"reward name: {', '.join(REWARDS)})")
+            raise RewardSetupError("reward_funcs is empty: give at least one reward function (a "
+                                   f"callable, or a registered reward name: {', '.join(REWARDS)})")
         self.funcs = []
         for i, fn in enumerate(funcs):
             if isinstance(fn, str):

@@ -70,7 +70,8 @@ class LLMJudge:
         except httpx.HTTPError as err:
             raise JudgeUnavailableError(f"LLM judge endpoint {self._endpoint()} is unavailable: {err}") from err
         except (KeyError, IndexError, TypeError, ValueError) as err:
-            raise JudgeUnavailableError(f"LLM judge endpoint {self._endpoint()} sent an unexpected reply: {err}") from err
+            raise JudgeUnavailableError(f"LLM judge endpoint {self._endpoint()} "
+                                        f"sent an unexpected reply: {err}") from err
         score = parse_verdict(verdict)
         with self._lock:
             self._cache[key] = score

@@ -34,7 +34,8 @@ def branch_metrics(log: BranchLog) -> dict[str, float]:
     """Consecutive-branch count l at branch events (mean and shares of l = 0, 1, 2, ≥ 3) and the
     entropy leverage (share of decisions the entropy term flipped), §7.2; 0 when there were none."""
     events = len(log.streaks)
-    shares = {f"rollout/consecutive_branch_share/l{l}": sum(s == l for s in log.streaks) for l in (0, 1, 2)}
+    shares = {f"rollout/consecutive_branch_share/l{streak}": sum(s == streak for s in log.streaks)
+              for streak in (0, 1, 2)}
     shares["rollout/consecutive_branch_share/l3plus"] = sum(s >= 3 for s in log.streaks)
     return {
         "rollout/consecutive_branch_max": float(log.consecutive_max),

@@ -81,8 +81,8 @@ def build_tools(task_cfg: TaskConfig, corpus: list[dict] | str | None = None,
                 search_perturb=None) -> dict[str, Tool]:
     """Tools by tag. Search queries ``task_cfg.search_url`` when set, else an in-process BM25 index
     over ``task_cfg.corpus`` (a JSONL path or 'wiki') or, when that is unset, the task's own corpus; each hit
-    shows ``task_cfg.search_max_chars`` characters; ``search_perturb`` rewrites its hits (the search tool's ``perturb``).
-    ``options`` default to those of the default :class:`Config`."""
+    shows ``task_cfg.search_max_chars`` characters; ``search_perturb`` rewrites its hits (the search tool's
+    ``perturb``). ``options`` default to those of the default :class:`Config`."""
     options = options or ToolOptions.from_config(Config())
     tools: dict[str, Tool] = {}
     search = {"perturb": search_perturb} if search_perturb else {}  # a re-registered "search" need not take

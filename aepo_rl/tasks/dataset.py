@@ -24,7 +24,8 @@ from aepo_rl.tasks.common import ToolOptions, build_tools, chat_messages, check_
 from aepo_rl.tools.base import Tool, ToolError, get_tool
 
 BUILT_WITH_CONFIG = ("search", "python")
-"""Tools named by these names are built from the config (``task.corpus`` / ``task.search_url``, the sandbox's limits)."""
+"""Tools named by these names are built from the config (``task.corpus`` / ``task.search_url``, the sandbox's
+limits)."""
 
 
 class DatasetError(UserError, ValueError):
@@ -41,8 +42,9 @@ def _field(row: dict, dotted: str, where: str, needed_by: str = ""):
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value or value[part] is None:
             demo = next((field for field in SFT_FIELDS if field in row), None)
-            hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give its file with "
-                                            "`aepo sft --data` / `aepo train --sft-data`, or AEPOTrainer(sft_dataset=...)")
+            hint = "" if demo is None else (f"; a row with '{demo}' is a demonstration for SFT: give "
+                                            "its file with `aepo sft --data` / `aepo train "
+                                            "--sft-data`, or AEPOTrainer(sft_dataset=...)")
             if needed_by and demo is None:
                 hint = f"; {needed_by}"
             raise DatasetError(f"{where}: missing field '{dotted}' (a row has 'question' and 'answer', "

@@ -7,9 +7,9 @@ Two row layouts are accepted, detected per row:
 - evaluation rows: ``question`` and ``answer`` (a string or a list of strings).
 
 ``task.name=file`` reads ``task.train_files`` (split "train") and ``task.val_files`` (splits
-"dev", "test" and "val", which search ``task.val_corpus`` when it is set); ``task.name=<eval set>`` (e.g. ``hotpotqa``) does the same with the
-set's default reward and tools (§5 benchmarks). A prompt without a system message gets the tool
-protocol's (§1.1).
+"dev", "test" and "val", which search ``task.val_corpus`` when it is set); ``task.name=<eval set>`` (e.g.
+``hotpotqa``) does the same with the set's default reward and tools (§5 benchmarks). A prompt without a system
+message gets the tool protocol's (§1.1).
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ class FileTask(DatasetTask):
         self.reward_name = spec.reward if spec and task_cfg.reward == TaskConfig.reward else task_cfg.reward
         rewards = WeightedRewards([self.reward_name], judge_url=task_cfg.judge_url, judge_model=task_cfg.judge_model)
         if not task_cfg.train_files and not task_cfg.val_files:
-            raise DatasetError(f"task '{task_cfg.name}' reads files: set task.train_files=[...] and/or task.val_files=[...]")
+            raise DatasetError(f"task '{task_cfg.name}' reads files: set "
+                               "task.train_files=[...] and/or task.val_files=[...]")
         stems = {}
 
         def rows(paths: list[str]) -> list[tuple[str, dict]]:

@@ -154,8 +154,8 @@ def check_generator() -> None:
         raise PhantomWikiError(f"task.name=phantomwiki generates its universes with SWI-Prolog, which is not installed "
                                f"(no swipl on PATH): {INSTALL}; or give generated universes with task.phantomwiki_dir")
     if importlib.util.find_spec("phantom_wiki") is None:
-        raise PhantomWikiError(f"task.name=phantomwiki needs the phantom-wiki package, which is not installed: {INSTALL}; "
-                               "or give generated universes with task.phantomwiki_dir")
+        raise PhantomWikiError("task.name=phantomwiki needs the phantom-wiki package, which is not "
+                               f"installed: {INSTALL}; or give generated universes with task.phantomwiki_dir")
     try:
         found = version("phantom-wiki")
     except PackageNotFoundError:
@@ -184,9 +184,10 @@ def generate_universe(cfg: TaskConfig, split: str, cache_dir: str | Path) -> Pat
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0 or not (staging / "questions.json").is_file():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-6:])
-            raise PhantomWikiError(f"the PhantomWiki generator failed for the {split} universe (exit {done.returncode}; "
-                                   f"{' '.join(args)}):\n{tail}\nCheck the task.phantomwiki_* settings (a seed and "
-                                   "size it can satisfy: more or larger family trees) and the install: " + INSTALL)
+            raise PhantomWikiError(f"the PhantomWiki generator failed for the {split} universe (exit "
+                                   f"{done.returncode}; {' '.join(args)}):\n{tail}\nCheck the "
+                                   "task.phantomwiki_* settings (a seed and size it can satisfy: "
+                                   "more or larger family trees) and the install: " + INSTALL)
         try:
             read_universe(staging)  # a bad generation fails here, before it is cached
         except PhantomWikiError as err:
@@ -399,7 +400,8 @@ class PhantomWikiTask:
                 continue
             seen.add(q["question"])
             examples.append(Example(
-                id=f"phantomwiki-{split}-{len(examples)}", question=q["question"], answers=[str(a) for a in q["answer"]],
+                id=f"phantomwiki-{split}-{len(examples)}", question=q["question"],
+                answers=[str(a) for a in q["answer"]],
                 data_source="phantomwiki", messages=chat_messages(q["question"], self.system),
                 extra_info={"split": split, "difficulty": int(q["difficulty"]), "type": q.get("type"),
                             "template": " ".join(q.get("template") or []),

@@ -32,12 +32,14 @@ class ReasoningGymTask:
             try:
                 dataset = reasoning_gym.create_dataset(generator, seed=task_cfg.seed * 3 + offset, size=size)
             except Exception as err:  # unknown generator names raise various errors inside reasoning-gym
-                raise ValueError(f"task '{self.name}': reasoning-gym cannot build generator '{generator}': {err}") from None
+                raise ValueError(f"task '{self.name}': reasoning-gym cannot build "
+                                 f"generator '{generator}': {err}") from None
             self._datasets[split] = dataset
             self._examples[split] = []
             for i in range(size):
                 entry = dataset[i]
-                example = Example(id=f"{generator}-{split}-{i}", question=entry["question"], answers=[str(entry["answer"])],
+                example = Example(id=f"{generator}-{split}-{i}", question=entry["question"],
+                                  answers=[str(entry["answer"])],
                                   data_source=f"reasoning_gym/{generator}", ability="math",
                                   messages=chat_messages(entry["question"], self.system),
                                   extra_info={"split": split})

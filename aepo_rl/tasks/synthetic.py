@@ -100,7 +100,8 @@ class World:
 def _syllable_word(rng: random.Random) -> str:
     """A capitalised word of two (80%) or three syllables."""
     syllables = 2 if rng.random() < 0.8 else 3
-    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)).capitalize()
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                   for _ in range(syllables)).capitalize()
 
 
 class _NameMaker:
@@ -278,7 +279,8 @@ TEMPLATES: list[QuestionTemplate] = [
                      lambda w, r: _lookup(w, r[0], "employees")),
     QuestionTemplate("population", 1, ("city",), ("What is the population of {0}?", "How many people live in {0}?"),
                      lambda w, r: _lookup(w, r[0], "population")),
-    QuestionTemplate("city_founded", 1, ("city",), ("In which year was {0} founded?", "When was the city of {0} founded?"),
+    QuestionTemplate("city_founded", 1, ("city",),
+                     ("In which year was {0} founded?", "When was the city of {0} founded?"),
                      lambda w, r: _lookup(w, r[0], "founded")),
     QuestionTemplate("founder_birthplace", 2, ("org",), ("Where was the founder of {0} born?",
                                                          "In which city was the founder of {0} born?"),
@@ -365,9 +367,9 @@ def make_questions(world: World, split: str, count: int, rng: random.Random, max
                         "arithmetic": template.arithmetic, "roots": roots,
                         "entities": _chain_entities(world, solution),
                         "min_tool_calls": len(solution.queries) + (solution.python is not None)}))
-    raise ValueError(f"cannot draw {count} distinct {split} questions from {len(world.pool('person', split))} people "
-                     f"with hops {min_hops}-{max_hops}, arithmetic_fraction={arithmetic_fraction}: ask for fewer questions "
-                     "or allow more hops / a mixed arithmetic share")
+    raise ValueError(f"cannot draw {count} distinct {split} questions from {len(world.pool('person', split))} "
+                     f"people with hops {min_hops}-{max_hops}, arithmetic_fraction={arithmetic_fraction}: ask "
+                     "for fewer questions or allow more hops / a mixed arithmetic share")
 
 
 def _chain_entities(world: World, solution: Solution) -> list[str]:
@@ -492,7 +494,8 @@ def teacher_tools(tools: dict[str, Tool]) -> dict[str, Tool]:
 def name_words(world: World) -> set[str]:
     """The words of the world's entity names: people and cities whole, organisations without
     their kind ("Guild", "Bank")."""
-    return {w for name in [*world.people, *world.cities] for w in name.split()} | {name.split()[0] for name in world.orgs}
+    return ({w for name in [*world.people, *world.cities] for w in name.split()}
+            | {name.split()[0] for name in world.orgs})
 
 
 def renamed(demo: Demonstration, names: re.Pattern, new_name: Callable[[str], str],
@@ -547,7 +550,8 @@ class SyntheticTask:
     def tools(self) -> dict[str, Tool]:
         if self._tools is None:
             noise = SearchNoise(self.world, self.cfg.search_noise, self.cfg.seed) if self.cfg.search_noise else None
-            self._tools = build_tools(self.cfg, corpus=self.world.corpus, options=self.tool_options, search_perturb=noise)
+            self._tools = build_tools(self.cfg, corpus=self.world.corpus, options=self.tool_options,
+                                      search_perturb=noise)
         return self._tools
 
     def reward(self, example: Example, response_text: str) -> float:

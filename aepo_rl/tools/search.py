@@ -69,7 +69,8 @@ class SearchIndex:
             self._save()
 
     @classmethod
-    def from_corpus(cls, corpus: str | Path | list[dict], cache_dir: str | Path = "~/.cache/aepo_rl", seed: int = 0) -> SearchIndex:
+    def from_corpus(cls, corpus: str | Path | list[dict], cache_dir: str | Path = "~/.cache/aepo_rl",
+                    seed: int = 0) -> SearchIndex:
         """Load the corpus (``load_corpus``: path | "synthetic" | "wiki" | list) and index it."""
         return cls(load_corpus(corpus, seed=seed), cache_dir=cache_dir)
 
@@ -77,7 +78,8 @@ class SearchIndex:
         """The ``topk`` best documents per query, best first; documents sharing no term are left out."""
         k = min(topk, len(self.docs))
         with self._lock:  # the stemmer and the retriever are not safe to share across threads
-            ids, scores = self._retriever.retrieve(self._tokenize(queries, ids=False), k=k, show_progress=False, n_threads=1)
+            ids, scores = self._retriever.retrieve(self._tokenize(queries, ids=False), k=k, show_progress=False,
+                                                   n_threads=1)
         return [
             [self._hit(int(i), float(s)) for i, s in zip(row_ids, row_scores) if s > 0]
             for row_ids, row_scores in zip(ids, scores)
@@ -147,7 +149,8 @@ class RetrievalClient:
                     response.raise_for_status()
                     rows = response.json()["result"]
                     if len(rows) != len(queries):
-                        raise SearchUnavailable(f"{self.url} answered {len(rows)} result lists for {len(queries)} queries")
+                        raise SearchUnavailable(f"{self.url} answered {len(rows)} result "
+                                                f"lists for {len(queries)} queries")
                     return [[_parse_hit(item) for item in row] for row in rows]
                 problem = f"HTTP {response.status_code}"
             except (httpx.TransportError, httpx.TimeoutException) as err:
@@ -194,7 +197,8 @@ class SearchTool:
                  max_query_chars: int = 1000, cache_dir: str | Path = "~/.cache/aepo_rl", seed: int = 0,
                  cache_size: int = 4096, perturb: Callable[[str, list[Hit]], list[Hit]] | None = None):
         if corpus is None and url is None:
-            raise ValueError("the search tool needs a corpus (path, 'synthetic', 'wiki' or a list of documents) or a url")
+            raise ValueError("the search tool needs a corpus (path, 'synthetic', "
+                             "'wiki' or a list of documents) or a url")
         self.topk, self.max_chars, self.max_query_chars, self.cache_size = topk, max_chars, max_query_chars, cache_size
         self.perturb = perturb
         self.client = RetrievalClient(url, timeout, retries, backoff) if url else None

@@ -75,13 +75,13 @@ class RunHealth:
         mismatch, k3 = None, m.get("rollout_corr/k3_kl")
         if k3 is not None and k3 > self.mismatch_kl:
             mismatch = (f"training-rollout mismatch for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
-                        f"{self.mismatch_kl:g}): the engine that sampled and the trainer disagree on the sampled tokens' "
-                        "log-probs (precision, another implementation, stale weights), or the engine records the "
-                        "tempered distribution it sampled from (rollout.logprobs_mode=processed_logprobs) and the trainer "
-                        "trains the untempered policy, a real temperature gap. Fix: "
-                        "algorithm.rollout_correction.rollout_is=token (truncated importance weights), rollout_rs "
-                        "to reject the worst tokens, or bypass_mode=true; or align them (trainer.bf16, weight sync, "
-                        "algorithm.tempered_logprobs=true for the temperature)")
+                        f"{self.mismatch_kl:g}): the engine that sampled and the trainer disagree on the sampled "
+                        "tokens' log-probs (precision, another implementation, stale weights), or the engine "
+                        "records the tempered distribution it sampled from "
+                        "(rollout.logprobs_mode=processed_logprobs) and the trainer trains the untempered policy, a "
+                        "real temperature gap. Fix: algorithm.rollout_correction.rollout_is=token (truncated "
+                        "importance weights), rollout_rs to reject the worst tokens, or bypass_mode=true; or align "
+                        "them (trainer.bf16, weight sync, algorithm.tempered_logprobs=true for the temperature)")
         return [("no_signal", no_signal), ("off_policy", off_policy), ("mismatch", mismatch)]
 
     def _entropy_trend(self, entropy: float | None) -> str | None:

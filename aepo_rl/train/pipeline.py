@@ -285,9 +285,10 @@ def check_rl_engine(cfg: Config) -> None:
                           f"old policy): one of {usable}")
     if uses_rollout_log_probs(cfg) and not capabilities["behaviour_logprobs"]:
         usable = [name for name in registry.ENGINES if registry.ENGINES.capabilities(name)["behaviour_logprobs"]]
-        raise ConfigError(f"algorithm.rollout_correction needs the rollout engine's log-probs of every sampled token, "
-                          f"which rollout.engine={cfg.rollout.engine!r} does not declare (registry capability "
-                          f"behaviour_logprobs): use one of {usable}, or turn rollout_is, rollout_rs and bypass_mode off")
+        raise ConfigError("algorithm.rollout_correction needs the rollout engine's log-probs of "
+                          f"every sampled token, which rollout.engine={cfg.rollout.engine!r} "
+                          "does not declare (registry capability behaviour_logprobs): use one "
+                          f"of {usable}, or turn rollout_is, rollout_rs and bypass_mode off")
     check_entropy_measure(cfg)
     check_sampling_options(cfg)
     check_logprobs_mode(cfg)
@@ -465,7 +466,8 @@ def evaluation_title(cfg: Config, task: Task, sft_data: SFTData | None = None) -
     except KeyError:  # a task without a train split
         seen = set()
     if sft_data is not None:
-        seen |= {key(next(m["content"] for m in reversed(demo.prompt) if m["role"] == "user")) for demo in sft_data.demos}
+        seen |= {key(next(m["content"] for m in reversed(demo.prompt) if m["role"] == "user"))
+                 for demo in sft_data.demos}
     evaluated = [key(ex.question) for ex in _eval_examples(cfg, task)]
     trained = sum(question in seen for question in evaluated)
     if not trained:

@@ -97,10 +97,10 @@ class DataOrder:
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size or state["seed"] != self.seed:
-            raise ConfigError(f"data order mismatch: the checkpoint was trained on {state['size']} training examples with "
-                              f"seed {state['seed']}, this run has {self.size} with seed {self.seed}; resume with the "
-                              "training data the run used (the same train_dataset, task.train_files or task.name) and "
-                              "its trainer.seed")
+            raise ConfigError(f"data order mismatch: the checkpoint was trained on {state['size']} "
+                              f"training examples with seed {state['seed']}, this run has {self.size} "
+                              f"with seed {self.seed}; resume with the training data the run used (the "
+                              "same train_dataset, task.train_files or task.name) and its trainer.seed")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
 
 
@@ -172,7 +172,8 @@ def collate(trajectories: list[Trajectory], group_index: list[int], pad_token_id
                  sequence_lengths=torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)]),
                  responses=response_ids, response_mask=response_mask,
                  group_index=torch.tensor(group_index),
-                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0 for t in trajectories]),
+                 shared_prefix=torch.tensor([t.fork_token_index if t.parent_id is not None else 0
+                                             for t in trajectories]),
                  rollout_log_probs=torch.where(response_mask > 0, rollout_log_probs, 0.0))
 
 
@@ -502,12 +503,13 @@ class RLTrainer:
         correction = cfg.algorithm.rollout_correction
         self.decoupled_correction = not correction.bypass_mode and (correction.rollout_is is not None
                                                                     or correction.rollout_rs is not None)
-        """Decoupled Rollout Correction (§2.11): weights and rejection from π_old against π_rollout, before the update."""
+        """Decoupled Rollout Correction (§2.11): weights and rejection from π_old against π_rollout, before the
+        update."""
         if correction.rollout_is is not None and "aggregate" not in inspect.signature(self.policy_loss).parameters:
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is multiplies the per-token policy loss before its "
-                              f"aggregation, which algorithm.policy_loss={cfg.algorithm.policy_loss!r} does not let the "
-                              "trainer do (it takes no aggregate= argument, as the built-in losses do): add it, or set "
-                              "rollout_is=null")
+            raise ConfigError("algorithm.rollout_correction.rollout_is multiplies the per-token policy loss "
+                              f"before its aggregation, which algorithm.policy_loss={cfg.algorithm.policy_loss!r} "
+                              "does not let the trainer do (it takes no aggregate= argument, as the built-in "
+                              "losses do): add it, or set rollout_is=null")
         self.rollout_log_probs_comparable = rollout_log_probs_comparable(cfg)
         """The engine's recorded log-probs can be set against the trainer's π_old (§2.11)."""
         self.engine_syncs = registry.ENGINES.capabilities(cfg.rollout.engine)["syncs_weights"]
@@ -610,7 +612,8 @@ class RLTrainer:
             metrics["actor/reward_kl_penalty"] = float(masked_mean(kl, batch.response_mask.bool()))
         if self.decoupled_correction:  # verl: weights and rejection after the rewards, before the advantages
             fixed.is_weights, mask, correction_metrics = rollout_correction(
-                fixed.old_log_probs, batch.rollout_log_probs, batch.response_mask, self.cfg.algorithm.rollout_correction)
+                fixed.old_log_probs, batch.rollout_log_probs, batch.response_mask,
+                self.cfg.algorithm.rollout_correction)
             batch = dataclasses.replace(batch, response_mask=mask)
             metrics.update(correction_metrics)
         fixed.advantages = self._advantages(batch, token_rewards, kl, trajectories, group_index)
@@ -759,8 +762,8 @@ class RLTrainer:
         mask, advantages = batch.response_mask, fixed.advantages
         metrics = {}
         if self.rollout_log_probs_comparable and bool(torch.isfinite(batch.rollout_log_probs).all()):
-            metrics["rollout/logprob_abs_diff"] = float(masked_mean((fixed.old_log_probs - batch.rollout_log_probs).abs(),
-                                                                    mask.bool()))
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean(
+                (fixed.old_log_probs - batch.rollout_log_probs).abs(), mask.bool()))
             if with_mismatch and mask.any():
                 metrics.update({f"rollout_corr/{k}": v for k, v in to_floats(
                     mismatch_metrics(fixed.old_log_probs, batch.rollout_log_probs, mask)).items()})

@@ -225,8 +225,9 @@ def check_demonstrations(cfg: Config, task, data: SFTData | None) -> None:
     unanswered = data.unanswered()
     if unanswered:
         get_console().print(f"[yellow]note[/]: {len(unanswered)} of {len(data.demos)} demonstrations write no "
-                            f"<answer>…</answer> block ({', '.join(unanswered[:3])}{', …' if len(unanswered) > 3 else ''}): "
-                            "the built-in rewards (§3) read the final answer from <answer>\\boxed{…}</answer>")
+                            "<answer>…</answer> block "
+                            f"({', '.join(unanswered[:3])}{', …' if len(unanswered) > 3 else ''}): the "
+                            "built-in rewards (§3) read the final answer from <answer>\\boxed{…}</answer>")
 
 
 def sft_demonstrations(cfg: Config, task, data: SFTData | None, tokenizer) -> tuple[list[Demonstration],
@@ -239,7 +240,8 @@ def sft_demonstrations(cfg: Config, task, data: SFTData | None, tokenizer) -> tu
 
 
 def sft_main(cfg: Config, out_dir: str | None = None) -> int:
-    """``aepo sft``: train on the task's demonstrations (or the files ``sft.data``), save ``<out>/checkpoints/sft``, evaluate."""
+    """``aepo sft``: train on the task's demonstrations (or the files ``sft.data``), save ``<out>/checkpoints/sft``,
+    evaluate."""
     console = get_console()
     data = load_sft_data(cfg)
     task = get_task(cfg)

@@ -70,7 +70,8 @@ class UserDemonstration:
     prompt: list[dict[str, str]]
     steps: list[Step]
     text_calls: list[tuple[str, str]] = field(default_factory=list)
-    """(tool, where) of each call written in an assistant's text (``<search>…</search>``), for :meth:`SFTData.check_tools`."""
+    """(tool, where) of each call written in an assistant's text (``<search>…</search>``), for
+    :meth:`SFTData.check_tools`."""
 
     def calls(self) -> list[Step]:
         return [step for step in self.steps if step.kind == "call"]
@@ -331,7 +332,8 @@ def _argument(arguments: Any, where: str) -> str:
                                f"{_clip(arguments)}); write it as the JSON text of an object, e.g. "
                                '{"query": "…"} (a truncated export often drops the closing brace)') from None
         if not isinstance(arguments, Mapping):
-            raise DatasetError(f"{where}: 'arguments' is JSON {type(arguments).__name__} {_clip(json.dumps(arguments))},"
+            raise DatasetError(f"{where}: 'arguments' is JSON {type(arguments).__name__} "
+                               f"{_clip(json.dumps(arguments))},"
                                ' not an object; give the argument by name, e.g. {"query": "…"}')
     if not isinstance(arguments, Mapping) or len(arguments) != 1:
         count = f"{len(arguments)} arguments" if isinstance(arguments, Mapping) else type(arguments).__name__
@@ -346,7 +348,8 @@ def _clip(text: str, limit: int = 60) -> str:
 
 
 def _calls(value: Any, where: str) -> list[tuple[str, str]]:
-    """(name, argument) of each OpenAI / Hermes call: ``{"function": {"name", "arguments"}}`` or ``{"name", "arguments"}``."""
+    """(name, argument) of each OpenAI / Hermes call: ``{"function": {"name", "arguments"}}`` or
+    ``{"name", "arguments"}``."""
     if not isinstance(value, list):
         value = [value]
     calls = []
@@ -397,7 +400,8 @@ def _sharegpt(row: Mapping, where: str) -> list[_Message]:
         return _chat(turns, where, "conversations", "message")
     if not isinstance(turns, list) or not turns:
         raise DatasetError(f"{where}: 'conversations' must be a non-empty list of {{\"from\", \"value\"}} turns")
-    out = [_Message("system", _content(row["system"], f"{where}: 'system'"), [], "'system'")] if row.get("system") else []
+    out = ([_Message("system", _content(row["system"], f"{where}: 'system'"), [], "'system'")] if row.get("system")
+           else [])
     for i, turn in enumerate(turns, start=1):
         if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
             raise DatasetError(f"{where}: conversations turn {i} must be an object with 'from' and 'value'")
@@ -447,7 +451,8 @@ def _text_call(message: _Message, where: str, fmt: str) -> str | None:
     try:
         call = json.loads(body)
     except json.JSONDecodeError as err:
-        raise DatasetError(f"{where}: {message.label}: its <{HERMES_CALL}> is not valid JSON ({err.msg}: {_clip(body)}); "
+        raise DatasetError(f"{where}: {message.label}: its <{HERMES_CALL}> is not valid JSON ({err.msg}: "
+                           f"{_clip(body)}); "
                            'write {"name": ..., "arguments": {...}}') from None
     return _calls(call, f"{where}: {message.label}")[0][0]
 
@@ -476,8 +481,8 @@ def _demonstration(prompt: list[_Message], response: list[_Message], where: str,
             if pending:
                 break
             if not m.content.strip() and not m.calls:
-                raise DatasetError(f"{where}: {m.label} is empty (no text and no tool_calls), and the reply is what SFT "
-                                   "trains: write what the assistant said, or drop the message")
+                raise DatasetError(f"{where}: {m.label} is empty (no text and no tool_calls), and the reply "
+                                   "is what SFT trains: write what the assistant said, or drop the message")
             steps += [Step("block" if block else "text", piece) for piece, block in split_result_blocks(m.content)]
             pending = [Step("call", arg, name, f"{where}: {m.label}") for name, arg in m.calls]
             called = _text_call(m, where, fmt)
@@ -500,7 +505,8 @@ def _demonstration(prompt: list[_Message], response: list[_Message], where: str,
             raise DatasetError(f"{where}: {m.label} comes after the reply started; only assistant and tool "
                                "messages follow the last user message")
     if pending:
-        calls = "a call" if not caller.calls else "tool_calls" if len(caller.calls) == 1 else f"{len(caller.calls)} tool_calls"
+        calls = ("a call" if not caller.calls else "tool_calls" if len(caller.calls) == 1
+                 else f"{len(caller.calls)} tool_calls")
         found = f"only {answered} following tool messages" if answered else "no following tool message"
         raise DatasetError(f"{where}: {caller.label} has {calls} but {found} (each call is answered by the next "
                            "tool message, in order)")

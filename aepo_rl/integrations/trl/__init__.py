@@ -22,9 +22,10 @@ def check_trl_version(version: str) -> None:
     """Raise ImportError, naming the installed version and the fix, outside :data:`TRL_RANGE`."""
     low, high = TRL_RANGE
     if not low <= Version(version) < high:
-        raise ImportError(f"aepo_rl.integrations.trl supports trl>={low},<{high} (it overrides GRPOTrainer._compute_loss "
-                          f"and reads its batch layout); trl {version} is installed. Install the tested range with "
-                          f"pip install -e \".[trl]\" in the aepo-rl clone (or pip install \"trl>={low},<{high}\")")
+        raise ImportError(f"aepo_rl.integrations.trl supports trl>={low},<{high} (it overrides "
+                          f"GRPOTrainer._compute_loss and reads its batch layout); trl {version} "
+                          "is installed. Install the tested range with pip install -e \".[trl]\" "
+                          f"in the aepo-rl clone (or pip install \"trl>={low},<{high}\")")
 
 
 try:

@@ -49,8 +49,8 @@ class TreeRolloutFunc:
                              "temperature, top_p, top_k, max_completion_length, seed); set them there")
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(RolloutConfig)})
         if unknown:
-            raise ValueError(f"TreeRolloutFunc: unknown rollout keys {unknown} (the keys of aepo_rl.config.RolloutConfig, "
-                             "docs/configuration.md)")
+            raise ValueError(f"TreeRolloutFunc: unknown rollout keys {unknown} (the keys "
+                             "of aepo_rl.config.RolloutConfig, docs/configuration.md)")
         self.rollout = dataclasses.replace(rollout or RolloutConfig(), **overrides)
         if self.rollout.engine != "hf":
             raise ValueError(f"TreeRolloutFunc: rollout.engine={self.rollout.engine!r} is not supported; it generates "
@@ -75,8 +75,8 @@ class TreeRolloutFunc:
             raise ValueError("TreeRolloutFunc samples with temperature, top_p and top_k only; unset min_p, "
                              "repetition_penalty (1.0) and generation_kwargs in the GRPOConfig")
         if args.mask_truncated_completions:
-            raise ValueError("TreeRolloutFunc: mask_truncated_completions=True would drop every trajectory that does not "
-                             "end with EOS, those ending at </answer> or a call limit included; set it to False")
+            raise ValueError("TreeRolloutFunc: mask_truncated_completions=True would drop every trajectory that does "
+                             "not end with EOS, those ending at </answer> or a call limit included; set it to False")
         if trainer.tools or trainer.environment_factories is not None:
             raise ValueError("TreeRolloutFunc runs the tools itself: pass them to TreeRolloutFunc(tools), not "
                              "tools= / environment_factory= to the trainer")
@@ -103,7 +103,8 @@ class TreeRolloutFunc:
                                  f"num_generations={n} times, the layout TRL 1.16's sampler gives")
         ids = self._prompt_ids(trainer, [block[0] for block in blocks])
         args, process = trainer.args, trainer.accelerator.process_index
-        seed = args.seed + trainer.state.global_step + 100_003 * process  # U draws and sampler (§1.4), per step and rank
+        # U draws and sampler (§1.4), per step and rank
+        seed = args.seed + trainer.state.global_step + 100_003 * process
         cfg = dataclasses.replace(
             self.rollout, n=n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
             max_response_length=args.max_completion_length, seed=seed,

@@ -78,7 +78,8 @@ class AEPOGRPOConfig(GRPOConfig):
                              "(0 turns the entropy-aware advantage off)")
         quantile = self.aepo_grad_preserve_entropy_quantile
         if quantile is not None and not 0 <= quantile <= 1:
-            raise ValueError(f"AEPOGRPOConfig: aepo_grad_preserve_entropy_quantile={quantile} must be in [0, 1] or None")
+            raise ValueError(f"AEPOGRPOConfig: aepo_grad_preserve_entropy_quantile={quantile} "
+                             "must be in [0, 1] or None")
         eps_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
         if self.delta is not None and self.delta <= 1 + eps_high:
             raise ValueError(f"AEPOGRPOConfig: delta={self.delta} must be > 1 + epsilon_high = {1 + eps_high} (it is "
@@ -152,7 +153,8 @@ class AEPOGRPOTrainer(GRPOTrainer):
             advantages = advantages[:, None].expand_as(logp)
         old_logp = inputs.get("old_per_token_logps")
         old_logp = logp.detach() if old_logp is None else old_logp
-        is_ratio = inputs.get("importance_sampling_ratio") if self.use_vllm and self.vllm_importance_sampling_correction else None
+        is_ratio = (inputs.get("importance_sampling_ratio")
+                    if self.use_vllm and self.vllm_importance_sampling_correction else None)
         kl = None
         if self.beta != 0.0:
             kl = kl_penalty(logp, inputs["ref_per_token_logps"], "k3")  # KL(π_θ‖π_ref), k3 estimator (§2.8)

@@ -54,7 +54,8 @@ def require_verl(version: str | None = None) -> str:
     release = _release(version)
     if not VERL_MIN <= release < VERL_BELOW:
         raise VerlVersionError(f"aepo_rl.integrations.verl was tested with {TESTED_RANGE}, but verl {version} is "
-                               f'installed: pip install "verl>=0.9.1,<0.10" (or pip install -e ".[verl]" in the aepo-rl clone). The plugin uses '
+                               f'installed: pip install "verl>=0.9.1,<0.10" (or pip install -e ".[verl]" in the '
+                               "aepo-rl clone). The plugin uses "
                                "verl internals (the ppo_loss name binding, the agent-loop registry) that other "
                                "versions may change")
     return version

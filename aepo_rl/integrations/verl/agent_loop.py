@@ -250,8 +250,9 @@ class VerlServerEngine(TokenLists):
             raise RuntimeError(f"verl's server aborted request {self.request_id} (weights update or shutdown)")
         tokens = list(output.token_ids)
         if output.log_probs is None and tokens:
-            raise ValueError("verl's server returned no log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true "
-                             "(the tree's surprisal entropy and the leaves' rollout log-probs need them)")
+            raise ValueError("verl's server returned no log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=true (the tree's "
+                             "surprisal entropy and the leaves' rollout log-probs need them)")
         logprobs = [float(x) for x in (output.log_probs or [])]
         if len(logprobs) != len(tokens):
             raise ValueError(f"verl's server returned {len(tokens)} tokens but {len(logprobs)} log-probs")

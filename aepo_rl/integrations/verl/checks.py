@@ -82,11 +82,12 @@ def refusals(config) -> list[str]:
                      "of sessions, which aepo_tree never sees (verl pops it first); the tree grows rollout.n leaves, "
                      "so extra sessions fail and missing ones leave leaves unclaimed and the group biased. Drop the "
                      f"column (aepo verl-data never writes it)" for path in files_with_rollout_n(config)]
-    if loss and _get(config, "algorithm.rollout_correction.bypass_mode", False) and not _get(config, "trainer.use_v1", True):
-        problems.append("algorithm.rollout_correction.bypass_mode=true with trainer.use_v1=false: verl's legacy trainer "
-                        "then replaces actor.policy_loss.loss_mode with its own bypass_mode loss, so the aepo/gppo "
-                        "loss would silently not run; use trainer.use_v1=true (its bypass keeps the loss, with "
-                        "π_old = the rollout log-probs) or bypass_mode=false (decoupled correction)")
+    if (loss and _get(config, "algorithm.rollout_correction.bypass_mode", False)
+            and not _get(config, "trainer.use_v1", True)):
+        problems.append("algorithm.rollout_correction.bypass_mode=true with trainer.use_v1=false: verl's legacy "
+                        "trainer then replaces actor.policy_loss.loss_mode with its own bypass_mode loss, so the "
+                        "aepo/gppo loss would silently not run; use trainer.use_v1=true (its bypass keeps the "
+                        "loss, with π_old = the rollout log-probs) or bypass_mode=false (decoupled correction)")
     if loss and _get(config, "distillation.enabled", False):
         problems.append("distillation.enabled=true with actor.policy_loss.loss_mode=aepo/gppo: verl's distillation "
                         "loss calls the policy loss without the entropies and with its own config; not supported")

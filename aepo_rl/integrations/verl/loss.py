@@ -116,10 +116,11 @@ def aepo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="
     cfg = algorithm_config(config)
     entropy = _ENTROPY.get()
     if entropy is None and (cfg.entropy_adv_coef > 0 or cfg.grad_preserve_entropy_quantile is not None):
-        raise ValueError("loss_mode=aepo with policy_loss.entropy_adv_coef > 0 (or grad_preserve_entropy_quantile) "
-                         "needs the current policy's token entropies: set actor_rollout_ref.actor.calculate_entropy=true "
-                         "(or +actor_rollout_ref.actor.policy_loss.entropy_adv_coef=0), and check that the aepo-rl "
-                         "verl plugin is loaded (docs/verl.md)")
+        raise ValueError("loss_mode=aepo with policy_loss.entropy_adv_coef > 0 (or "
+                         "grad_preserve_entropy_quantile) needs the current policy's token "
+                         "entropies: set actor_rollout_ref.actor.calculate_entropy=true "
+                         "(or +actor_rollout_ref.actor.policy_loss.entropy_adv_coef=0), "
+                         "and check that the aepo-rl verl plugin is loaded (docs/verl.md)")
     old_log_prob, log_prob, advantages = _fp32(old_log_prob, log_prob, advantages)
     return aepo_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, cfg, entropy,
                             aggregate=_aggregate(config, loss_agg_mode, rollout_is_weights))

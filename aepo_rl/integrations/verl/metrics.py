@@ -70,7 +70,8 @@ def install(trainer_sync) -> Callable[[], None]:
                            "PPOTrainerSync (another plugin, or a second copy of this one)")
 
     class AEPOMetricsSyncTrainer(base):
-        """verl's sync trainer; its step metrics also hold AEPO's rollout metrics (aepo_rl.integrations.verl.metrics)."""
+        """verl's sync trainer; its step metrics also hold AEPO's rollout metrics
+        (aepo_rl.integrations.verl.metrics)."""
 
         def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
             super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -82,7 +83,8 @@ def install(trainer_sync) -> Callable[[], None]:
 
             keys = [key for key, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
             if keys:
-                data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
+                data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                                       select_fields=["uid", "extra_fields"])
                 metrics.update(rollout_metrics(_as_list(data["uid"]), _as_list(data["extra_fields"])))
 
     AEPOMetricsSyncTrainer.__qualname__ = AEPOMetricsSyncTrainer.__name__ = f"AEPOMetrics{base.__name__}"
