@@ -1,9 +1,10 @@
 """The main job's phases with AVX2 kernels against the default ones: ``ratio avx2/default`` per phase and whole.
 
 A machine without AVX-512 runs torch's AVX2 kernels; :data:`AVX2_ENV` (``ATEN_CPU_CAPABILITY=avx2`` and
-the same limit for MKL and oneDNN, which run the matrix products) makes an AVX-512 machine run them too. Each phase of ``aepo train`` (preset ``aepo``, the tiny default model) is
-timed on a slice, in a fresh subprocess per measurement, alternating the two capabilities (and
-which goes first) round by round, so machine load hits both alike:
+the same limit for MKL and oneDNN, which run the matrix products) makes an AVX-512 machine run them too.
+Each phase of ``aepo train`` (preset ``aepo``, the tiny default model) is timed on a slice, in a fresh
+subprocess per measurement, alternating the two capabilities (and which goes first) round by round, so
+machine load hits both alike:
 
     warmup   copy warm-up steps of the tiny-model build (models/copy_warmup.py)
     sft      cold-start SFT optimizer steps (train/sft.py)
@@ -18,8 +19,8 @@ question) of each side and their ratio are printed; the last line is the whole j
 evaluations, ``trainer.steps``), with each side's estimate: ``ratio avx2/default whole: …``.
 Children run with the job's thread settings (torch's default, ``rollout.cpu_decode_threads``).
 
-    python benchmarks/bench_avx2.py [--rounds 3] [--warmup-steps 30] [--sft-steps 8] [--eval-questions 16] [--rl-steps 2]
-                                    [--threads N] [--phases warmup,sft,eval,rl]
+    python benchmarks/bench_avx2.py [--rounds 3] [--warmup-steps 30] [--sft-steps 8] [--eval-questions 16]
+                                    [--rl-steps 2] [--threads N] [--phases warmup,sft,eval,rl]
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int, default=2)
     parser.add_argument("--prepare-epochs", type=int, default=1)
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the children (default: as set here, the job's "
-                        "setting); 1 on a machine shared with other jobs, where waiting for a second thread swamps the kernels")
+                        "setting); 1 on a machine shared with other jobs, where waiting for a second thread swamps "
+                        "the kernels")
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of " + ",".join(PHASES))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)

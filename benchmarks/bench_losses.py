@@ -3,7 +3,8 @@
 Losses are timed round-robin in the same run (median of the repetitions), so machine load
 affects all of them alike. ``aepo`` runs with its default config (entropy-aware advantage on,
 a = 0.2) in the worst case: the entropy statistics computed inside the loss (micro-batch scope);
-``aepo+stats`` gets them precomputed, as the trainer does once per mini-batch (default scope). Usage: python benchmarks/bench_losses.py
+``aepo+stats`` gets them precomputed, as the trainer does once per mini-batch (default scope).
+Usage: python benchmarks/bench_losses.py
 """
 
 from __future__ import annotations

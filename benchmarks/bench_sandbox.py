@@ -77,7 +77,8 @@ def main() -> None:
         print(f"{mode}: {wall:.1f} ms wall, {cpu:.1f} ms cpu per call (medians of {args.rounds})")
     for mode, values in times.items():
         if mode != "bare":
-            wall, cpu = (statistics.median(a[i] / max(b[i], 1e-3) for a, b in zip(values, times["bare"])) for i in (0, 1))
+            wall, cpu = (statistics.median(a[i] / max(b[i], 1e-3) for a, b in zip(values, times["bare"]))
+                         for i in (0, 1))
             print(f"ratio {mode}/bare wall: {wall:.2f}, cpu: {cpu:.2f}")
 
 

@@ -88,7 +88,8 @@ def main() -> None:
     tool = tokenizer.encode(" <result>\n150\n</result>", add_special_tokens=False)
     engines = {"static": HFEngine(model, tokenizer, seed=0, cpu_threads=1, cuda_graphs="on"),
                "dynamic": HFEngine(model, tokenizer, seed=0, cpu_threads=1, cuda_graphs="off")}
-    print(f"{args.shape or 'tiny default model'} ({args.dtype}) on {device}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+    print(f"{args.shape or 'tiny default model'} ({args.dtype}) on {device}: "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{args.rows} rows × 2 rounds of ragged budgets {min(budgets)}..{max(budgets)} tokens, one decoding thread")
     for engine in engines.values():  # warm-up (the static engine allocates its buffers, captures on CUDA)
         two_rounds(engine, prompts, budgets, tool)

@@ -18,7 +18,8 @@ model's own, plus N(0, 0.05²) noise, as a sampler that disagrees slightly with 
 the update does for the correction even when it is off (the mismatch metrics, the k3 KL of each
 mini-batch, the finiteness check), timed alone on the whole batch, as a share of the off update.
 
-    python benchmarks/bench_train.py [--repeats 5] [--preset aepo] [--correction] [dotted overrides, e.g. trainer.bf16=true]
+    python benchmarks/bench_train.py [--repeats 5] [--preset aepo] [--correction]
+                                     [dotted overrides, e.g. trainer.bf16=true]
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def main() -> None:
     batch = collate([t for g in groups for t in g.trajectories],
                     [i for i, g in enumerate(groups) for _ in g.trajectories], pad_token_id=0)
     tokens = int(batch.sequence_lengths.sum())
-    print(f"preset {cfg.preset}, model {sum(p.numel() for p in base.parameters()) / 1e6:.2f}M params, {batch.num_rows} sequences, "
+    print(f"preset {cfg.preset}, model {sum(p.numel() for p in base.parameters()) / 1e6:.2f}M params, "
+          f"{batch.num_rows} sequences, "
           f"{tokens} tokens ({int(batch.response_mask.sum())} trained), mini-batch {cfg.trainer.mini_batch_size} "
           f"prompts, micro-batch {cfg.trainer.micro_batch_size} sequences, bf16 {cfg.trainer.bf16}, "
           f"{torch.get_num_threads()} threads")
@@ -161,7 +163,8 @@ def main() -> None:
     if args.correction:
         record_behaviour_log_probs(base, groups, batch, cfg)
         for name, overrides in CORRECTIONS.items():
-            variant_cfg = load_config(args.preset, overrides=args.overrides + [f"{k}={v}" for k, v in overrides.items()])
+            variant_cfg = load_config(args.preset,
+                                      overrides=args.overrides + [f"{k}={v}" for k, v in overrides.items()])
             model = copy.deepcopy(base)
             variants[name] = RLTrainer(variant_cfg, model, tokenizer, _NoTask(),
                                        engine=type("SharedModelEngine", (), {"model": model})())

@@ -52,11 +52,13 @@ def main(argv: list[str]) -> None:
             em.append(score)
             levels[example.extra_info["difficulty"]].append(score)
             if solution is None:
-                failures["chain not followed (a derived relation, a page not in its search's results, or no one at a hop)"] += 1
+                failures["chain not followed (a derived relation, a page not in its search's results, "
+                         "or no one at a hop)"] += 1
                 continue
             searches.append(len(solution.queries))
             if score < 1:
-                failures["an answer missing or extra (more people share a value than the search shows, or a cut value)"] += 1
+                failures["an answer missing or extra (more people share a value than the search shows, "
+                         "or a cut value)"] += 1
             elif len(solution.queries) <= cfg.task.phantomwiki_max_searches:
                 within += 1
         by_level = ", ".join(f"{level}: {statistics.mean(s):.3f}" for level, s in sorted(levels.items()))
@@ -69,12 +71,14 @@ def main(argv: list[str]) -> None:
     results = [len(tokenizer(text)["input_ids"]) for d in demos for text, trained in d.pieces if not trained]
     prompts = [len(encode_prompt(tokenizer, e.messages)) for s in SPLITS for e in task.examples(s)]
     calls = collections.Counter(sum(1 for text, trained in d.pieces if trained and "<search>" in text) for d in demos)
-    print(f"\n{len(demos)} demonstrations ({sum(d.has_error for d in demos)} with an error), tokens {quantiles(lengths)}; "
+    print(f"\n{len(demos)} demonstrations ({sum(d.has_error for d in demos)} with an error), "
+          f"tokens {quantiles(lengths)}; "
           f"tool results {quantiles(results)}; prompts at most {max(prompts)}; searches per "
           f"demonstration {sorted(calls.items())}")
     for split in ("train", "test"):
         names = list(task.universes[split].facts)
-        print(f"names of the {split} universe: {statistics.mean(len(tokenizer(' ' + n)['input_ids']) for n in names):.2f} "
+        print(f"names of the {split} universe: "
+              f"{statistics.mean(len(tokenizer(' ' + n)['input_ids']) for n in names):.2f} "
               f"tokens on average (with the leading space)")
 
 

@@ -148,7 +148,8 @@ TEXTS = ["Velmora was founded in 1874 by Ada Korrin. <search>Velmora founder</se
          ] + [f"city number {i} lies on the river Ostra near the hills of Kamet" for i in range(40)]
 
 
-TINY = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 2, "model.tiny_intermediate_size": 64,
+TINY = {"model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 2,
+        "model.tiny_intermediate_size": 64,
         "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
         "model.tiny_vocab_size": 400, "model.tiny_max_positions": 256, "model.tiny_copy_steps": 2}
 
@@ -180,7 +181,8 @@ def demo(question: str = "Who founded Velmora?", pieces=PIECES) -> Demonstration
 
 TINY_PIPELINE = {
     "task.num_train": 8, "task.num_dev": 2, "task.num_test": 2, "task.num_demonstrations": 8,
-    "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1, "model.tiny_intermediate_size": 64,
+    "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+    "model.tiny_intermediate_size": 64,
     "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
     "model.tiny_copy_steps": 2, "sft.epochs": 1, "sft.batch_size": 8, "rollout.n": 2, "rollout.max_response_length": 32,
     "rollout.max_tokens_per_round": 12, "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2,

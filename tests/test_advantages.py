@@ -85,7 +85,8 @@ def test_reinforce_plus_plus_by_hand():
     mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
     cfg = PolicyLossConfig(gamma=0.5, use_kl_in_reward=True, kl_coef=0.1)
     _, returns = get_advantage_estimator("reinforce_plus_plus")(rewards, mask, None, cfg, kl=kl)
-    # row 0 rewards −0.1, −0.2, 1 → G = [−0.1 + 0.5·0.3, −0.2 + 0.5·1, 1]; row 1 rewards 0, 0, −0.3 (token 1 masked: its return is reported as 0)
+    # row 0 rewards −0.1, −0.2, 1 → G = [−0.1 + 0.5·0.3, −0.2 + 0.5·1, 1];
+    # row 1 rewards 0, 0, −0.3 (token 1 masked: its return is reported as 0)
     assert torch.allclose(returns, torch.tensor([[0.05, 0.3, 1.0], [-0.075, 0.0, -0.3]]), atol=1e-6)
     with pytest.raises(ValueError, match="kl="):
         get_advantage_estimator("reinforce_plus_plus")(rewards, mask, None, cfg)
@@ -161,7 +162,8 @@ def test_estimator_input_errors():
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="token_level_rewards contains NaN or Inf"):
         get_advantage_estimator("grpo")(bad, MASK, INDEX)
-    with pytest.raises(ValueError, match=r"token_level_rewards has shape \(6, 3\) but response_mask has shape \(6, 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"token_level_rewards has shape \(6, 3\) but response_mask has shape \(6, 2\)"):
         get_advantage_estimator("rloo")(outcome_rewards(R), MASK[:, :2], INDEX)
     with pytest.raises(ValueError, match="unknown advantage estimator 'gae'; valid names: dr_grpo, gigpo, grpo, "
                                          "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"):

@@ -28,7 +28,8 @@ def test_dr_grpo_divisor_is_the_constant_loss_scale_factor():
     # a batch whose longest response is longer (more padding) keeps the value: T is a constant
     wider_loss = torch.cat([LOSS, torch.full((3, 5), 50.0)], dim=1)
     wider_mask = torch.cat([MASK, torch.zeros(3, 5, dtype=MASK.dtype)], dim=1)
-    assert agg_loss(wider_loss, wider_mask, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.75)
+    assert (agg_loss(wider_loss, wider_mask, "seq-mean-token-sum-norm", loss_scale_factor=10).item()
+            == pytest.approx(0.75))
     # without it, verl's fallback is the padded width, which does change (15 / (2·4) vs 15 / (2·9))
     assert agg_loss(wider_loss, wider_mask, "seq-mean-token-sum-norm").item() == pytest.approx(15 / 18)
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):  # the other modes ignore it

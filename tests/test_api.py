@@ -25,9 +25,11 @@ TRAIN = [{"question": q, "answer": a} for q, a in (
 TEST = [{"question": "Who founded Velmora?", "answer": ["Ada Korrin", "A. Korrin"]},
         {"question": "How old was Velmora in 2024?", "answer": ["150"]}]
 CORPUS = [{"id": "1", "title": "Velmora", "text": "Velmora was founded in 1874 by Ada Korrin."},
-          {"id": "2", "title": "Drotoun Institute", "text": "Drotoun Institute is based in Riltha, founded by Kresbrou Voku."}]
+          {"id": "2", "title": "Drotoun Institute",
+           "text": "Drotoun Institute is based in Riltha, founded by Kresbrou Voku."}]
 TINY = {
-    "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1, "model.tiny_intermediate_size": 64,
+    "model.tiny_init": "random", "model.tiny_hidden_size": 32, "model.tiny_num_layers": 1,
+    "model.tiny_intermediate_size": 64,
     "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2, "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 16,
     "model.tiny_copy_steps": 2, "sft.epochs": 0, "rollout.n": 2, "rollout.max_response_length": 24,
     "rollout.max_tokens_per_round": 10, "rollout.premonitor_probe_tokens": 4, "trainer.batch_size": 2,

@@ -69,7 +69,8 @@ def test_the_vocabulary_is_sized_to_the_tokenizer(tiny_tokenizer):
 
 def test_an_unknown_architecture_is_an_error_listing_the_known_ones():
     with pytest.raises(ConfigError, match=r"model.init='random:llama-70b' is not allowed; choose one of "
-                                          r"\['random:qwen3-0.6b', 'random:qwen3-1.7b', 'random:qwen3-4b', 'random:qwen3-8b'\]"):
+                                          r"\['random:qwen3-0.6b', 'random:qwen3-1.7b', "
+                                          r"'random:qwen3-4b', 'random:qwen3-8b'\]"):
         load_config(overrides={"model.init": "random:llama-70b"})
     with pytest.raises(ConfigError, match="model.init='qwen3-0.6b' is not allowed"):
         load_config(overrides={"model.init": "qwen3-0.6b"})

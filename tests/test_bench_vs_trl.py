@@ -13,7 +13,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                                 reason="trl is not installed (pip install trl): the benchmark compares against it")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vs_trl.py"
-TINY = ["model.tiny_init=random", "model.tiny_hidden_size=32", "model.tiny_num_layers=1", "model.tiny_intermediate_size=64",
+TINY = ["model.tiny_init=random", "model.tiny_hidden_size=32", "model.tiny_num_layers=1",
+        "model.tiny_intermediate_size=64",
         "model.tiny_num_heads=2", "model.tiny_num_kv_heads=1", "model.tiny_head_dim=16", "model.tiny_vocab_size=400",
         "trainer.batch_size=2", "rollout.n=2", "trainer.micro_batch_size=2"]
 

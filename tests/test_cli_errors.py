@@ -34,7 +34,8 @@ def run_main(capsys, *argv: str) -> tuple[int, str]:
 
 
 def run_aepo(*argv: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aepo_rl", *map(str, argv)], cwd=ROOT, capture_output=True, check=False,
+    return subprocess.run([sys.executable, "-m", "aepo_rl", *map(str, argv)], cwd=ROOT, capture_output=True,
+                          check=False,
                           text=True, timeout=120, env={**os.environ, **env})
 
 
@@ -139,7 +140,8 @@ def test_a_truncated_trainer_state_is_named(tmp_path):
     step = tmp_path / "step_000003"
     step.mkdir()
     (step / "trainer_state.pt").write_bytes(b"PK\x03\x04 cut")
-    with pytest.raises(errors.UserError, match=f"{step / 'trainer_state.pt'}: the checkpoint's trainer state is truncated"):
+    with pytest.raises(errors.UserError,
+                       match=f"{step / 'trainer_state.pt'}: the checkpoint's trainer state is truncated"):
         load_trainer_state(step)
 
 
@@ -220,7 +222,8 @@ def test_debug_shows_the_traceback():
         done = run_aepo(*argv, **env)
         assert done.returncode != 0 and "Traceback" in done.stderr and "rollout.n=0 is out of range" in done.stderr
     done = run_aepo("config", "show", "rollout.n=0")
-    assert done.returncode == 2 and done.stderr.strip() == "aepo: config error: rollout.n=0 is out of range: it must be >= 1"
+    assert done.returncode == 2
+    assert done.stderr.strip() == "aepo: config error: rollout.n=0 is out of range: it must be >= 1"
 
 
 # ---------------------------------------------------------------- --version, help, config show

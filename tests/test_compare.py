@@ -51,7 +51,8 @@ def test_mean_ci95_by_hand():
 
 def test_common_overrides_reach_every_arm_and_never_change_what_a_preset_sets():
     cfg = load_config("aepo", overrides=["rollout.n=4", "trainer.lr=0.01", "task.num_train=10",
-                                         "algorithm.clip_ratio_low=0.3", "rollout.entropy_weight=0.5", "trainer.seed=5"])
+                                         "algorithm.clip_ratio_low=0.3", "rollout.entropy_weight=0.5",
+                                         "trainer.seed=5"])
     assert user_overrides(cfg) == {"rollout.n": 4, "trainer.lr": 0.01, "task.num_train": 10, "trainer.seed": 5,
                                    "algorithm.clip_ratio_low": 0.3, "rollout.entropy_weight": 0.5}
     configs = preset_configs(cfg, ["grpo", "dapo"], seeds=2, steps=7)
@@ -63,7 +64,8 @@ def test_common_overrides_reach_every_arm_and_never_change_what_a_preset_sets():
         assert (run_cfg.trainer.lr, run_cfg.task.num_train) == (0.01, 10)
         assert (run_cfg.algorithm.clip_ratio_low, run_cfg.rollout.entropy_weight) == (0.3, 0.5)  # no preset sets them
         assert run_cfg.rollout.mode == "independent"
-    assert configs[("grpo", 0)].algorithm.clip_ratio_high == 0.2 and configs[("dapo", 0)].algorithm.clip_ratio_high == 0.28
+    assert configs[("grpo", 0)].algorithm.clip_ratio_high == 0.2
+    assert configs[("dapo", 0)].algorithm.clip_ratio_high == 0.28
     assert configs[("dapo", 1)].algorithm.dynamic_sampling
 
     # a common override of a key some compared preset sets is an error naming it, not silently dropped
@@ -104,7 +106,8 @@ def test_arm_names_must_differ_and_a_bad_arm_config_names_its_arm():
     with pytest.raises(ConfigError, match="arm name\\(s\\) grpo given twice"):
         arm_configs(load_config(), [Arm("grpo", "grpo"), Arm("grpo", "arpo")], steps=1)
     cfg = load_config()
-    with pytest.raises(ConfigError, match="arm small \\(preset grpo .*mini_batch_size=4 must be <= trainer.batch_size=2"):
+    with pytest.raises(ConfigError,
+                       match="arm small \\(preset grpo .*mini_batch_size=4 must be <= trainer.batch_size=2"):
         arm_configs(cfg, [Arm("grpo", "grpo"), Arm("small", "grpo", {"trainer.batch_size": 2,
                                                                        "trainer.mini_batch_size": 4})], steps=1)
     # an arm that only lowers the batch carries the mini-batch down with it (the user did not set it)
@@ -143,11 +146,13 @@ def fake_pipeline(monkeypatch):
         run_dir.mkdir(parents=True, exist_ok=True)
         steps = [{"step": 1, "actor/entropy": 1.0, "critic/score/mean": 0.1, "rollout/tool_calls": 10.0,
                   "rollout/decode_tokens": 100.0},
-                 {"step": 2, "actor/entropy": final_entropy, "critic/score/mean": 0.2, "rollout/tool_calls": 20.0 + tools,
+                 {"step": 2, "actor/entropy": final_entropy, "critic/score/mean": 0.2,
+                  "rollout/tool_calls": 20.0 + tools,
                   "rollout/decode_tokens": 300.0, "rollout/informative_group_frac": 0.5}]
         if cfg.preset == "aepo":
             steps[0]["rollout/distinct_per_group"], steps[1]["rollout/distinct_per_group"] = 3.0, 5.0
-            steps[0]["rollout/branches_per_prompt"], steps[1]["rollout/branches_per_prompt"] = 2.0, 4.0 + cfg.trainer.seed
+            steps[0]["rollout/branches_per_prompt"] = 2.0
+            steps[1]["rollout/branches_per_prompt"] = 4.0 + cfg.trainer.seed
             steps[1]["rollout/largest_subtree_share"] = 0.5  # logged at one step only
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
         result = {f"synthetic/{cfg.eval.split}": {
@@ -203,7 +208,8 @@ def test_compare_main_aggregates_seeds(fake_pipeline, tmp_path, capsys):
     assert grpo["calls_per_correct"]["mean"] == pytest.approx((2 / 0.2 + 3 / 0.4 + 4 / 0.6) / 3)
     assert grpo["tool_productivity"]["mean"] == pytest.approx((0.1 + 0.4 / 3 + 0.15) / 3)
     # training compute: sums over the steps of each run's metrics.jsonl (10 + 20 + tools; 100 + 300)
-    assert grpo["train_tool_calls"]["mean"] == pytest.approx(33.0) and aepo["train_tool_calls"]["mean"] == pytest.approx(31.0)
+    assert grpo["train_tool_calls"]["mean"] == pytest.approx(33.0)
+    assert aepo["train_tool_calls"]["mean"] == pytest.approx(31.0)
     assert grpo["train_decode_tokens"] == {"mean": 400.0, "ci95": 0.0, "n": 3}
     assert aepo["rollout/informative_group_frac"]["mean"] == pytest.approx(0.5)  # a LOGGED_MEANS metric
     assert [r["pass@k"] for r in data["runs"]["aepo"]] == [0.8, 0.8, 0.9]
@@ -268,7 +274,8 @@ def test_every_run_folder_has_its_resolved_config(fake_pipeline, tmp_path):
 def test_compare_main_one_seed_has_no_ci(fake_pipeline, tmp_path, capsys):
     assert compare_main(load_config(), ["aepo"], seeds=1, steps=None, out_dir=str(tmp_path)) == 0
     md = (tmp_path / "compare.md").read_text()
-    assert "| aepo | 1 | 0.500 | 0.800 | 1.000 | 1.000 |" in md and "| aepo | 1 | 0.000 | 4.000 | 3.000 | 0.500 | 0.500 |" in md
+    assert "| aepo | 1 | 0.500 | 0.800 | 1.000 | 1.000 |" in md
+    assert "| aepo | 1 | 0.000 | 4.000 | 3.000 | 0.500 | 0.500 |" in md
     assert "one seed: no confidence interval" in md
     assert "n=1: no CI" in capsys.readouterr().out
     assert fake_pipeline["rl"][0][0].trainer.steps == load_config().trainer.steps
@@ -441,7 +448,8 @@ def test_the_example_comparison_script_covers_every_compared_preset_and_ablation
     from aepo_rl.compare import parse_presets
 
     script = (Path(__file__).parents[1] / "examples" / "compare_all.sh").read_text()
-    counts = parse_presets(re.search(r"--presets (\S+)", script).group(1), int(re.search(r"--seeds (\d+)", script).group(1)))
+    counts = parse_presets(re.search(r"--presets (\S+)", script).group(1),
+                           int(re.search(r"--seeds (\d+)", script).group(1)))
     assert {p: counts[p] for p in ("grpo", "arpo", "aepo")} == {"grpo": 5, "arpo": 5, "aepo": 5}
     others = ("reinforce_plus_plus", "dapo", "gppo", "cispo", "gigpo", "official", "aepo_no_premonitor",
               "aepo_no_branch_penalty", "aepo_no_sg_clip", "aepo_no_entropy_adv")
@@ -476,7 +484,8 @@ def test_logged_training_metrics_become_columns(tmp_path):
               "rollout/entropy_leverage": 0.4, "actor/entropy_unique": 1.5, "actor/other": 5.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     row = run_metrics({"synthetic/test": {"pass@1": 0.5, "pass@k": 0.7, "tool_calls/mean": 1.0}}, "test", tmp_path)
-    assert row["actor/pg_clipfrac"] == pytest.approx(0.2) and row["actor/pg_clipfrac_high_entropy"] == pytest.approx(0.4)
+    assert row["actor/pg_clipfrac"] == pytest.approx(0.2)
+    assert row["actor/pg_clipfrac_high_entropy"] == pytest.approx(0.4)
     assert row["rollout/entropy_leverage"] == pytest.approx(0.3) and "actor/other" not in row
     assert row["entropy_drift"] == pytest.approx(-1.0) and row["entropy_unique_drift"] == pytest.approx(0.5)
     names = [c.name for c in columns_of([row]) if c.table == "rollouts and entropy"]

@@ -22,7 +22,8 @@ def test_two_processes_share_one_sft_model_and_the_union_tabulates_every_arm(tmp
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     arms = {"first": ["--presets", "grpo"],
             "second": ["--presets", "arpo", "--arm", "arpo_w0=arpo rollout.entropy_weight=0 rollout.n=3"]}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "aepo_rl", "compare", *given, *common], env=env, cwd=tmp_path,
+    procs = {name: subprocess.Popen([sys.executable, "-m", "aepo_rl", "compare", *given, *common], env=env,
+                                    cwd=tmp_path,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for name, given in arms.items()}
     logs = {name: proc.communicate(timeout=900)[0] for name, proc in procs.items()}

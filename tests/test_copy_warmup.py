@@ -82,7 +82,8 @@ def _copy_model(tokenizer, seed=0, head_dim=32, hidden=64, heads=2, kv_heads=2):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=2,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                          tie_word_embeddings=True)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

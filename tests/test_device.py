@@ -39,7 +39,8 @@ def test_auto_is_cuda_when_torch_sees_a_gpu_else_cpu(monkeypatch):
 
 def test_a_gpu_torch_does_not_see_is_an_error_naming_the_key(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"trainer.device='cuda', but torch sees 0 CUDA device.*trainer.device=auto or cpu"):
+    with pytest.raises(ConfigError,
+                       match=r"trainer.device='cuda', but torch sees 0 CUDA device.*trainer.device=auto or cpu"):
         resolve_device("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -157,7 +157,8 @@ def study(tmp_path):
     subprocess.run([*git, "commit", "-qm", "frozen"], check=True)
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; echo "$*" >> {calls}; exit 0; fi\n'
+    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; '
+                    f'echo "$*" >> {calls}; exit 0; fi\n'
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     env = {**os.environ, "SRC": str(src), "STUDY": str(out), "PYTHON": str(fake)}
@@ -174,7 +175,8 @@ def test_phase_a_runs_the_registered_arms_on_dev(study):
     assert run(study, "phaseA", "a").returncode == 0
     assert run(study, "phaseA", "b").returncode == 0
     a, b = study["calls"].read_text().splitlines()
-    assert a.startswith("compare --arm R0=grpo:3  --arm R1=grpo:3 trainer.mini_batch_size=1 algorithm.clip_ratio_low=0.1")
+    assert a.startswith("compare --arm R0=grpo:3  --arm R1=grpo:3 trainer.mini_batch_size=1 "
+                        "algorithm.clip_ratio_low=0.1")
     assert "--arm R2=grpo:3 trainer.batch_size=16 trainer.mini_batch_size=2 --arm R3=grpo:3" in b
     for line in (a, b):
         assert f"--steps 100 --out {study['out']}/g4/phaseA task.max_hops=3" in line

@@ -141,7 +141,8 @@ def test_evaluate_known_success_rates(scripted_rollout, tiny_tokenizer):
     assert [c.seed for c in rollout.calls] == [5, 7, 9]
     call = rollout.calls[0]
     assert (call.cfg.mode, call.cfg.n, call.validation) == ("independent", 4, False)
-    assert (call.sampling.temperature, call.sampling.top_p, call.sampling.top_k, call.sampling.greedy) == (0.6, 0.95, 20, False)
+    assert ((call.sampling.temperature, call.sampling.top_p, call.sampling.top_k, call.sampling.greedy)
+            == (0.6, 0.95, 20, False))
     assert call.tools == {"search": "the search tool"}
     assert call.prompts[0][1] == tiny_tokenizer.apply_chat_template(
         task.examples("test")[0].messages, add_generation_prompt=True, tokenize=True)["input_ids"]

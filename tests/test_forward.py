@@ -73,7 +73,8 @@ def test_shared_prefix_runs_the_prefix_once(tiny_tokenizer, monkeypatch):
 def test_shared_prefix_with_lora_adapters(tiny_tokenizer):
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(build_tiny_model(tiny_tokenizer).train(),
-                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                init_lora_weights=False))
     ids = _batch(16, torch.Generator().manual_seed(1), vocab=len(tiny_tokenizer))
     shared, shared_grads = _hidden_and_grads(model, ids, share_prefix=True)
     full, full_grads = _hidden_and_grads(model, ids, share_prefix=False)

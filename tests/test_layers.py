@@ -265,7 +265,8 @@ def test_the_checker_finds_a_reintroduced_circle_and_an_upward_arrow(tmp_path):
     (package / "tools/corpus.py").write_text("from aepo_rl.tasks.synthetic import build_world\n")  # hoisted
     graph = import_graph(package)
     assert circles(graph) == [["aepo_rl.tasks.synthetic", "aepo_rl.tools.corpus", "aepo_rl.tools.search"]]
-    assert upward_arrows(graph, layers) == ["aepo_rl.tools.corpus (1. blocks) -> aepo_rl.tasks.synthetic (2. environment)"]
+    assert upward_arrows(graph, layers) == ["aepo_rl.tools.corpus (1. blocks) -> "
+                                            "aepo_rl.tasks.synthetic (2. environment)"]
 
 
 def test_the_checker_reads_relative_imports_and_allows_third_party_deferred_imports(tmp_path):

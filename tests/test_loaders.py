@@ -46,7 +46,8 @@ def test_verl_parquet_keeps_its_own_system_prompt(tmp_path):
 def test_question_answer_rows_use_the_tools_of_the_set(tmp_path):
     path = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "2+2?", "answer": "4"}])
     (example,) = load_examples([path], "test", tools=("python",))
-    assert example.messages[0]["content"] == system_prompt(("python",)) and "<search>" not in example.messages[0]["content"]
+    assert example.messages[0]["content"] == system_prompt(("python",))
+    assert "<search>" not in example.messages[0]["content"]
     assert example.data_source == "gsm8k" and example.answers == ["4"]
 
 
@@ -77,7 +78,8 @@ def test_data_errors_count_lines_and_rows_from_1(tmp_path):
     with pytest.raises(DatasetError, match=r"rows\.jsonl:3: missing field 'answer'"):  # the blank line counts
         load_examples([path], "train")
     table = tmp_path / "rows.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": "ok", "answer": "ok"}, {"question": "Q?", "answer": None}]), table)
+    pq.write_table(pa.Table.from_pylist([{"question": "ok", "answer": "ok"}, {"question": "Q?", "answer": None}]),
+                   table)
     with pytest.raises(DatasetError, match=r"rows\.parquet row 2: missing field 'answer'"):
         load_examples([str(table)], "train")
 
@@ -114,7 +116,8 @@ def test_eval_set_defaults(tmp_path):
     task = get_task(load_config(overrides={"task.name": "aime24", "task.val_files": [val]}))
     assert task.reward_name == "math" and task.allowed_tools == ("python",)
     assert task.correct(task.examples("test")[0], "<answer>\\boxed{\\frac{2}{2}}</answer>")
-    overridden = get_task(load_config(overrides={"task.name": "aime24", "task.val_files": [val], "task.reward": "exact_match"}))
+    overridden = get_task(load_config(overrides={"task.name": "aime24", "task.val_files": [val],
+                                                 "task.reward": "exact_match"}))
     assert overridden.reward_name == "exact_match"
     assert default_reward("HotpotQA") == "deep_research" and default_reward("aime_2025") == "math"
     assert eval_set_name("2WikiMultihopQA") == "2wiki" and eval_set_name("my_data") is None
@@ -128,7 +131,8 @@ def test_reasoning_gym_task_uses_the_generator_checker():
     task = get_task(cfg)
     example = task.examples("test")[0]
     assert len(task.examples("test")) == 3 and example.messages[1]["content"] == example.question
-    right = f"<python>{example.question}</python> <result>\nx\n</result> <answer>\\boxed{{{example.answers[0]}}}</answer>"
+    right = (f"<python>{example.question}</python> <result>\nx\n</result> "
+             f"<answer>\\boxed{{{example.answers[0]}}}</answer>")
     assert task.reward(example, right) == 1.0 and task.correct(example, right)
     wrong = f"<answer>\\boxed{{{example.answers[0]}1}}</answer>"
     assert task.reward(example, wrong) < 1.0 and not task.correct(example, wrong)  # the checker may give partial credit
@@ -158,7 +162,8 @@ def test_every_row_layout_keeps_its_extra_info(tmp_path):
     """extra_info (e.g. a difficulty or hop count, which eval.json's by_hops reads) survives question/answer rows
     as it does verl's and TRL's; anything but an object is named."""
     hops = {"hops": 3, "difficulty": 7}
-    rows = [{"question": "Who?", "answer": "Ada", "extra_info": hops}, {"prompt": "Who?", "answer": "Ada", "extra_info": hops},
+    rows = [{"question": "Who?", "answer": "Ada", "extra_info": hops},
+            {"prompt": "Who?", "answer": "Ada", "extra_info": hops},
             {**VERL_ROW, "extra_info": hops}, {"question": "Who?", "answer": "Ada"}]
     examples = load_examples([write_jsonl(tmp_path / "rows.jsonl", rows)], "test")
     assert [e.extra_info for e in examples] == [hops, hops, hops, {}]
@@ -171,7 +176,8 @@ def test_the_evaluation_splits_search_task_val_corpus(tmp_path, monkeypatch, tin
     """task.val_corpus is the evaluation splits' search corpus (a held-out world's documents); training searches
     task.corpus; unset, every split searches task.corpus."""
     corpus = lambda name, text: write_jsonl(tmp_path / f"{name}.jsonl", [{"id": "1", "title": "Velmora", "text": text}])  # noqa: E731
-    train_corpus, val_corpus = corpus("train_docs", "Velmora was founded by Ada Korrin."), corpus("val_docs", "Velmora was founded by Bo Lind.")
+    train_corpus = corpus("train_docs", "Velmora was founded by Ada Korrin.")
+    val_corpus = corpus("val_docs", "Velmora was founded by Bo Lind.")
     rows = write_jsonl(tmp_path / "q.jsonl", [{"question": "Who founded Velmora?", "answer": "Ada Korrin"}])
     overrides = {"task.name": "file", "task.train_files": [rows], "task.val_files": [rows], "task.corpus": train_corpus,
                  "model.cache_dir": str(tmp_path / "cache")}
@@ -204,7 +210,8 @@ def test_the_before_after_table_calls_an_evaluation_held_out_only_when_it_is(tmp
     from aepo_rl.train.pipeline import evaluation_title
     from aepo_rl.train.sft_data import SFTData
 
-    train = write_jsonl(tmp_path / "train.jsonl", [{"question": f"Who founded town {i}?", "answer": "Ada"} for i in range(4)])
+    train = write_jsonl(tmp_path / "train.jsonl",
+                        [{"question": f"Who founded town {i}?", "answer": "Ada"} for i in range(4)])
     fit = write_jsonl(tmp_path / "fit.jsonl", [{"question": "Who founded  town 1?", "answer": "Ada"},
                                                {"question": "Who founded town 9?", "answer": "Bo"}])
     cfg = load_config(overrides={"task.name": "file", "task.train_files": [train], "task.val_files": [fit]})
@@ -213,6 +220,7 @@ def test_the_before_after_table_calls_an_evaluation_held_out_only_when_it_is(tmp
     held_out = write_jsonl(tmp_path / "held_out.jsonl", [{"question": "Who founded town 9?", "answer": "Bo"}])
     cfg = load_config(overrides={"task.name": "file", "task.train_files": [train], "task.val_files": [held_out]})
     assert evaluation_title(cfg, get_task(cfg)) == "held-out evaluation (test): cold-start SFT → RL"
-    demos = SFTData.from_rows([("demos row 1", {"prompt": "Who founded town 9?", "completion": "<answer>\\boxed{Bo}</answer>"})],
+    demos = SFTData.from_rows([("demos row 1", {"prompt": "Who founded town 9?",
+                                                "completion": "<answer>\\boxed{Bo}</answer>"})],
                               "demos")
     assert "1 of its 1 questions are training questions" in evaluation_title(cfg, get_task(cfg), demos)

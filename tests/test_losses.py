@@ -290,7 +290,8 @@ def test_masked_tokens_change_nothing(name, agg):
     assert torch.all(base[2][hidden] == 0)
     stats = entropy_stats(entropy, mask, "mini-batch"), entropy_stats(wild(entropy, 1e9), mask, "mini-batch")
     assert torch.equal(stats[0][0], stats[1][0]) and torch.equal(stats[0][1], stats[1][1])
-    group = entropy_stats(entropy, mask, "group", [0, 0, 1, 1]), entropy_stats(wild(entropy, float("nan")), mask, "group", [0, 0, 1, 1])
+    group = (entropy_stats(entropy, mask, "group", [0, 0, 1, 1]),
+             entropy_stats(wild(entropy, float("nan")), mask, "group", [0, 0, 1, 1]))
     assert torch.equal(group[0][0], group[1][0]) and torch.equal(group[0][1], group[1][1])
 
 
@@ -329,7 +330,8 @@ def test_registry_lists_valid_names_and_accepts_new_losses():
     from aepo_rl.config import AlgorithmConfig
 
     assert PolicyLossConfig is AlgorithmConfig
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo2'; valid names: aepo, cispo, dapo, gppo, grpo, gspo, ppo"):
+    with pytest.raises(ValueError,
+                       match="unknown policy loss 'ppo2'; valid names: aepo, cispo, dapo, gppo, grpo, gspo, ppo"):
         get_policy_loss("ppo2")
 
     @register_policy_loss("my_reinforce")
@@ -339,10 +341,12 @@ def test_registry_lists_valid_names_and_accepts_new_losses():
 
     try:
         assert get_policy_loss("my_reinforce") is my_reinforce
-        assert load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"]).algorithm.policy_loss == "my_reinforce"
+        cfg = load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"])
+        assert cfg.algorithm.policy_loss == "my_reinforce"
     finally:
         del POLICY_LOSSES["my_reinforce"]
-    with pytest.raises(ConfigError, match=r"algorithm.policy_loss='my_reinforce' is not allowed; choose one of \['aepo', "):
+    with pytest.raises(ConfigError,
+                       match=r"algorithm.policy_loss='my_reinforce' is not allowed; choose one of \['aepo', "):
         load_config("aepo", overrides=["algorithm.policy_loss=my_reinforce"])
 
 

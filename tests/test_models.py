@@ -38,7 +38,8 @@ def test_tiny_build_writes_the_induction_circuit_and_warms_up_from_it(tmp_path, 
              "model.tiny_num_kv_heads": 2, "model.tiny_copy_steps": 3}
     model, _ = load_policy(tiny_cfg(tmp_path, **sizes), TextTask())
     with torch.no_grad():  # the circuit's logit scale and copy write, moved by at most 3 AdamW steps
-        assert torch.allclose(model.model.norm.weight, torch.full((64,), copy_warmup.LOGIT_SCALE * copy_warmup.REFERENCE_WIDTH / 64),
+        assert torch.allclose(model.model.norm.weight,
+                              torch.full((64,), copy_warmup.LOGIT_SCALE * copy_warmup.REFERENCE_WIDTH / 64),
                               atol=0.02)
         write = model.model.layers[1].self_attn.o_proj.weight[:32, :32].diagonal()
         assert torch.allclose(write, torch.full((32,), copy_warmup.COPY_WRITE), atol=0.02)
@@ -216,6 +217,7 @@ def test_smollm2_without_gguf_names_the_extra_before_any_download(tmp_path, monk
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
-    monkeypatch.setattr(models.smollm2.subprocess, "run", lambda *a, **k: pytest.fail("downloaded before naming the extra"))
+    monkeypatch.setattr(models.smollm2.subprocess, "run",
+                        lambda *a, **k: pytest.fail("downloaded before naming the extra"))
     with pytest.raises(MissingExtraError, match=r"pip install -e .\.\[smollm\]. in the aepo-rl clone"):
         models.smollm2_gguf(tmp_path)

@@ -165,7 +165,8 @@ def test_is_weights_scale_each_tokens_policy_gradient(tiny_tokenizer, tiny_model
     is twice the first row's alone."""
     trajs = [make_traj([3, 4], [7, 8, 9], [1, 1, 1]), make_traj([5], [10, 11, 12], [1, 0, 1])]
     batch = collate(trajs, [0, 1], tiny_tokenizer.pad_token_id)
-    cfg = load_config("grpo", overrides={"algorithm.loss_agg_mode": "seq-mean-token-mean", "trainer.micro_batch_size": 2,
+    cfg = load_config("grpo", overrides={"algorithm.loss_agg_mode": "seq-mean-token-mean",
+                                         "trainer.micro_batch_size": 2,
                                          "algorithm.rollout_correction.rollout_is": "token"})
     fixed = _random_fixed(batch)
     model = copy.deepcopy(tiny_model)

@@ -39,7 +39,8 @@ def phantom_eval_score(tmp_path_factory):
     for module in ("datasets", "joblib", "nltk"):  # phantom_eval/utils.py imports them at the top
         pytest.importorskip(module, reason=f"phantom_eval/utils.py imports {module}")
     root = Path(next(iter(spec.submodule_search_locations)))
-    saved = {name: mod for name, mod in sys.modules.items() if name == "phantom_eval" or name.startswith("phantom_eval.")}
+    saved = {name: mod for name, mod in sys.modules.items()
+             if name == "phantom_eval" or name.startswith("phantom_eval.")}
     stub = types.ModuleType("phantom_eval")
     stub.__path__ = [str(root)]
     sys.modules["phantom_eval"] = stub
@@ -91,7 +92,8 @@ def test_answer_list_rewards_score_boxed_lists_for_any_task():
     em, f1 = get_reward("answer_list_em"), get_reward("answer_list_f1")
     response = r"<search> x</search> <result>Page 1: …</result> <answer>\boxed{ bob, Alice }</answer>"
     assert em(response, ["Alice", "Bob"]) == 1.0 and f1(response, ["Alice", "Bob"]) == 1.0
-    assert em(response, ["Alice", "Bob", "Carol"]) == 0.0 and f1(response, ["Alice", "Bob", "Carol"]) == pytest.approx(0.8)
+    assert em(response, ["Alice", "Bob", "Carol"]) == 0.0
+    assert f1(response, ["Alice", "Bob", "Carol"]) == pytest.approx(0.8)
     assert f1("no final answer", ["Alice"]) == 0.0
     # rows of the file task: a list answer column scores as a set
     scores = reward_function("answer_list_f1")(prompts=["q", "q"], completions=[r"\boxed{Alice}", r"\boxed{Carol}"],
@@ -119,8 +121,10 @@ def test_parse_chain_follows_the_generators_query_shapes():
 def write_universe(folder: Path, questions: list[dict] | None = None) -> Path:
     """A two-person universe in the generator's file format."""
     folder.mkdir(parents=True, exist_ok=True)
-    articles = [{"title": "Ann Lee", "article": "# Ann Lee", "facts": ['son("Ann Lee", "Bo Lee")', 'job("Ann Lee", "poet")']},
-                {"title": "Bo Lee", "article": "# Bo Lee", "facts": ['mother("Bo Lee", "Ann Lee")', 'job("Bo Lee", "chemist")']}]
+    articles = [{"title": "Ann Lee", "article": "# Ann Lee",
+                 "facts": ['son("Ann Lee", "Bo Lee")', 'job("Ann Lee", "poet")']},
+                {"title": "Bo Lee", "article": "# Bo Lee",
+                 "facts": ['mother("Bo Lee", "Ann Lee")', 'job("Bo Lee", "chemist")']}]
     for article in articles:
         article["facts"] = [f"{fact}." for fact in article["facts"]]
     questions = questions if questions is not None else [
@@ -148,7 +152,8 @@ def test_a_folder_of_universes_gives_splits_corpora_and_phantomwikis_scores(tmp_
     example = task.examples("test")[1]
     assert example.answers == ["poet"] and example.extra_info["difficulty"] == 2
     assert example.extra_info["is_aggregation"] is False and example.extra_info["type"] == 2
-    assert task.corpus("test")[0] == {"id": "test-0", "title": "Ann Lee", "text": "Ann Lee. son: Bo Lee. occupation: poet."}
+    assert task.corpus("test")[0] == {"id": "test-0", "title": "Ann Lee",
+                                      "text": "Ann Lee. son: Bo Lee. occupation: poet."}
     assert task.correct(example, r"<answer>\boxed{ Poet}</answer>")
     assert task.answer_scores(example, r"\boxed{poet, chemist}") == {"em": 0.0, "f1": pytest.approx(2 / 3)}
     assert task.reward_name == "answer_list_f1"
@@ -169,7 +174,8 @@ def test_bad_universe_folders_stop_before_any_model_naming_file_and_fix(tmp_path
     if case == "empty_answer":
         write_universe(tmp_path / "pw" / "test", [{"question": "Who?", "answer": [], "difficulty": 1}])
     expected = {"no_folder": "no such folder", "no_test": "no test/ subfolder",
-                "no_questions": r"test/questions.json does not exist", "empty_answer": r"questions.json item 1: key 'answer'"}
+                "no_questions": r"test/questions.json does not exist",
+                "empty_answer": r"questions.json item 1: key 'answer'"}
     with pytest.raises(PhantomWikiError, match=expected[case]):
         get_task(folder_config(tmp_path))
     assert issubclass(PhantomWikiError, UserError)

@@ -31,7 +31,7 @@ def test_task_name_phantomwiki_resolves_to_the_recipe_and_synthetic_keeps_the_de
 
 
 def test_the_command_line_and_a_yaml_file_override_the_recipe(tmp_path):
-    key, other = next(iter(RECIPE)), None
+    key = next(iter(RECIPE))
     cfg = load_config(overrides=["task.name=phantomwiki", f"{key}=77"])
     assert value(cfg, key) == 77
     section, name = key.split(".")

@@ -196,9 +196,11 @@ def test_evaluations_between_rl_steps_change_what_is_measured_not_what_is_traine
     cfg, run = finished_run
     logged = {}
     for every in (0, 1):
-        step_cfg = tiny_config(tmp_path, **{"trainer.steps": 3, "trainer.eval_every": every, "trainer.tensorboard": False})
+        step_cfg = tiny_config(tmp_path, **{"trainer.steps": 3, "trainer.eval_every": every,
+                                            "trainer.tensorboard": False})
         run_rl_stage(step_cfg, str(run / "checkpoints" / "sft"), tmp_path / f"every{every}")
-        logged[every] = [json.loads(line) for line in (tmp_path / f"every{every}" / "metrics.jsonl").read_text().splitlines()]
+        logged[every] = [json.loads(line)
+                         for line in (tmp_path / f"every{every}" / "metrics.jsonl").read_text().splitlines()]
     # evaluated after steps 1 and 2; step 3's evaluation is the final one, in eval.json
     assert [sorted(k for k in r if k.startswith("eval/")) for r in logged[1]] == \
         [["eval/synthetic/test/pass@1", "eval/synthetic/test/pass@k"]] * 2 + [[]]

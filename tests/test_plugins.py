@@ -166,7 +166,8 @@ def test_a_plugin_that_fails_to_import_is_named_with_its_line(tmp_path, capsys):
         load_plugin(str(broken))
     assert main(["--plugin", str(broken), "config", "show"]) == 2
     assert f"aepo: plugin '{broken}' failed to import" in capsys.readouterr().err
-    with pytest.raises(PluginError, match="plugin 'no_such_pkg.loss' failed to import: ModuleNotFoundError.*PYTHONPATH"):
+    with pytest.raises(PluginError,
+                       match="plugin 'no_such_pkg.loss' failed to import: ModuleNotFoundError.*PYTHONPATH"):
         load_plugin("no_such_pkg.loss")
     with pytest.raises(PluginError, match="FileNotFoundError: no such file"):
         load_plugin(str(tmp_path / "missing.py"))
@@ -190,7 +191,8 @@ def test_plugins_load_by_module_name_and_from_the_entry_point_group(tmp_path, mo
         assert [m.__name__ for m in load_plugins(entry_points=True)] == ["team_rewards"]
         assert load_plugins(entry_points=False) == []
     finally:
-        del registry.REWARDS["always_half"], registry.TOOLS["echo"], sys.modules["team_rewards"], sys.modules["team_tools"]
+        del registry.REWARDS["always_half"], registry.TOOLS["echo"]
+        del sys.modules["team_rewards"], sys.modules["team_tools"]
 
 
 def test_the_cli_accepts_plugins_before_and_after_the_subcommand(capsys):

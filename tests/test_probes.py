@@ -105,7 +105,8 @@ def test_branch_penalty_is_deterministic_given_its_seeds(tiny_tokenizer):
 
 
 def test_fork_points_are_the_tool_results_the_parent_went_on_after():
-    rounds = [Round(0, 5, 0.2, tool_call=ToolCall("search", "a", "r")), Round(5, 9, 0.7, tool_call=ToolCall("search", "b", "r")),
+    rounds = [Round(0, 5, 0.2, tool_call=ToolCall("search", "a", "r")),
+              Round(5, 9, 0.7, tool_call=ToolCall("search", "b", "r")),
               Round(9, 12, 0.4)]
     traj = Trajectory("p", 0, None, None, [1], list(range(12)), [1] * 12, rounds=rounds)
     assert probes.fork_points(traj, "latest") == [(5, 0.7), (9, 0.4)]  # the reaction after each result decides
@@ -244,7 +245,8 @@ def test_objective_gradient_matches_a_finite_difference(tiny_tokenizer):
     (["probe", "premonitor", "--model", "/no/such/folder"], "no such folder"),
     (["probe", "branch-penalty", "--n", "4", "--global-samples", "4"], "--global-samples must be in [1, --n)"),
     (["probe", "branch-penalty", "--penalty", "0"], "the penalty must be > 0"),
-    (["probe", "clip-gradient", "trainer.mini_batch_size=9"], "trainer.mini_batch_size=9 must be <= trainer.batch_size=8"),
+    (["probe", "clip-gradient", "trainer.mini_batch_size=9"],
+     "trainer.mini_batch_size=9 must be <= trainer.batch_size=8"),
     (["probe", "fork-choice", "--out", "/proc/version/x.json"], "--out"),
     (["probe", "fork-choice", "trainer.run_dir=/nonexistent"], "aepo probe measures a trained policy: pass --model"),
 ])

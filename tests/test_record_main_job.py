@@ -56,7 +56,8 @@ def test_an_unseen_world_among_the_seeds_is_refused(tmp_path):
 
 
 def _entry(seed, wall, sft_stage, rl_stage):
-    return {"seed": seed, "wall_s": wall, "stages_s": {"task+model+SFT": sft_stage, "SFT eval": 10.0, "RL+eval": rl_stage}}
+    return {"seed": seed, "wall_s": wall,
+            "stages_s": {"task+model+SFT": sft_stage, "SFT eval": 10.0, "RL+eval": rl_stage}}
 
 
 def test_ratio_avx2_over_default_per_seed_and_in_all():

@@ -47,10 +47,12 @@ def assert_valid_png(path):
 def test_plot_runs_overlays_runs_and_skips_missing_panels(tmp_path, capsys):
     a = write_run(tmp_path, "aepo", [full_record(s) for s in range(1, 4)]
                   + [{"step": 3, "eval/synthetic/test/pass@1": 0.4, "eval_level/synthetic/test/hops=1/pass@1": 0.5}])
-    b = write_run(tmp_path, "grpo", [{"step": s, "critic/score/mean": 0.05 * s, "actor/entropy": 1.1} for s in range(1, 5)])
+    b = write_run(tmp_path, "grpo",
+                  [{"step": s, "critic/score/mean": 0.05 * s, "actor/entropy": 1.1} for s in range(1, 5)])
     written = plot_runs([a, b], tmp_path / "plots")
     names = sorted(p.name for p in written)
-    assert names == sorted(["reward.png", "pass_at_1.png", "pass_at_1_by_level.png", "entropy.png", "clip_fraction.png", "branching.png",
+    assert names == sorted(["reward.png", "pass_at_1.png", "pass_at_1_by_level.png", "entropy.png", "clip_fraction.png",
+                            "branching.png",
                             "tool_calls.png", "response_length.png"])
     for path in written:
         assert_valid_png(path)
@@ -203,7 +205,9 @@ def test_report_of_an_sft_folder(tmp_path, capsys, monkeypatch):
     assert report_main([str(run)]) == 0
     assert_valid_png(run / "plots" / "pass_at_1.png")
     assert_valid_png(run / "plots" / "sft_loss.png")
-    assert legends["sft_loss.png"] == ["sft"] and legends["pass_at_1.png"] == ["sft: eval/synthetic/test/pass@1 (16 questions, 95% interval; 1 evaluation)"]
+    assert legends["sft_loss.png"] == ["sft"]
+    assert legends["pass_at_1.png"] == ["sft: eval/synthetic/test/pass@1 (16 questions, 95% interval; "
+                                        "1 evaluation)"]
     out = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
     assert rows["eval/synthetic/test/pass@1"] == "0.5" and rows["last step"] == "0"

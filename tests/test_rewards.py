@@ -90,7 +90,8 @@ def test_hermes_calls_are_checked_and_earn_the_multi_tool_bonus():
     assert deep_research_reward(HERMES_SEARCH + PYTHON + answer("58"), ["58"]) == pytest.approx(1.1)  # mixed
     assert tools_used(HERMES_SEARCH + HERMES_PYTHON) == {"search", "python"}
     assert tools_used(SEARCH + ' <tool_call>{"name": "python"}</tool_call>') == {"search"}  # XML: plain text
-    assert tools_used('<tool_call>{"name": "python", oops}</tool_call>\n<tool_response>\nError\n</tool_response>') == set()
+    assert tools_used('<tool_call>{"name": "python", oops}</tool_call>\n'
+                      '<tool_response>\nError\n</tool_response>') == set()
 
 
 def test_a_tool_call_tag_is_plain_text_in_an_xml_response_as_in_the_release():

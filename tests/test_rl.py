@@ -121,7 +121,8 @@ def test_data_order_is_a_fresh_seeded_permutation_every_epoch_and_resumes_exactl
     resumed.load_state_dict(order.state_dict())
     assert resumed.take(7) == order.take(7)
     with pytest.raises(ValueError, match="data order mismatch: the checkpoint was trained on 5 training examples with "
-                                         "seed 3, this run has 6 with seed 3; resume with the training data the run used"):
+                                         "seed 3, this run has 6 with seed 3; resume with the training data "
+                                         "the run used"):
         DataOrder(size=6, seed=3).load_state_dict(order.state_dict())
 
 
@@ -477,7 +478,8 @@ def test_recorded_values_must_cover_every_response_token():
 
 
 def test_an_rl_step_with_lora_changes_only_the_adapter_weights(tiny_tokenizer):
-    cfg = load_config("aepo", overrides={**TINY_RL, "model.lora_rank": 2, "model.lora_target_modules": ["q_proj", "v_proj"]})
+    cfg = load_config("aepo", overrides={**TINY_RL, "model.lora_rank": 2,
+                                         "model.lora_target_modules": ["q_proj", "v_proj"]})
     model = apply_lora(build_tiny_model(tiny_tokenizer, seed=1), cfg.model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = RLTrainer(cfg, model, tiny_tokenizer, VaryingRewardTask(), HFEngine(model, tiny_tokenizer, seed=0))
@@ -492,7 +494,8 @@ def test_informative_group_frac_counts_groups_with_distinct_scores():
     example = VaryingRewardTask().examples("train")[0]
     trajs = [Trajectory(prompt_id="q0", traj_id=i, parent_id=None, fork_token_index=None, prompt_token_ids=[1],
                         response_token_ids=[i + 2]) for i in range(2)]
-    groups = [rl_module.ScoredGroup(example, trajs, scores) for scores in ([1.0, 1.0], [0.0, 1.0], [-1.0, -1.0], [0.5, 0.2])]
+    groups = [rl_module.ScoredGroup(example, trajs, scores)
+              for scores in ([1.0, 1.0], [0.0, 1.0], [-1.0, -1.0], [0.5, 0.2])]
     assert RLTrainer.rollout_metrics(groups)["rollout/informative_group_frac"] == 0.5
 
 

@@ -49,7 +49,8 @@ def test_aepo_train_with_vllm_rollouts_end_to_end(tmp_path):
     two engines in one process (the SFT evaluation's, then the RL stage's)."""
     from aepo_rl.cli import main
 
-    overrides = {**TINY, "task.num_test": 2, "model.tiny_init": "random", "model.tiny_hidden_size": 64, "model.tiny_num_layers": 1,
+    overrides = {**TINY, "task.num_test": 2, "model.tiny_init": "random", "model.tiny_hidden_size": 64,
+                 "model.tiny_num_layers": 1,
                  "model.tiny_intermediate_size": 64, "model.tiny_vocab_size": 400, "model.tiny_num_heads": 2,
                  "model.tiny_num_kv_heads": 1, "model.tiny_head_dim": 32, "model.tiny_copy_steps": 2,
                  "sft.epochs": 1, "sft.batch_size": 8, "trainer.run_name": "e2e",

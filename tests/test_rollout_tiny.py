@@ -94,7 +94,8 @@ def test_aepo_rollout_command(tmp_path, capsys):
                  "rollout.max_response_length=12", "rollout.premonitor_probe_tokens=4", "task.num_train=4",
                  "task.num_demonstrations=8", f"model.cache_dir={tmp_path / 'cache'}", f"trainer.run_dir={tmp_path}",
                  "model.tiny_init=random", "model.tiny_hidden_size=32",
-                 "model.tiny_num_layers=1", "model.tiny_intermediate_size=64", "model.tiny_vocab_size=400", "model.tiny_copy_steps=1"])
+                 "model.tiny_num_layers=1", "model.tiny_intermediate_size=64", "model.tiny_vocab_size=400",
+                 "model.tiny_copy_steps=1"])
     assert code == 0
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == 6 and {r["traj_id"] for r in records} == {0, 1, 2}

@@ -63,7 +63,8 @@ def test_sampling_draws_from_the_penalised_distribution():
 def test_bad_values_are_named(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer)
     seq = engine.add_sequence([5])
-    for params, name in ((SamplingParams(min_p=1.5), "min_p"), (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
+    for params, name in ((SamplingParams(min_p=1.5), "min_p"),
+                         (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
                          (SamplingParams(min_tokens=-1), "min_tokens")):
         with pytest.raises(ValueError, match=f"SamplingParams.{name}"):
             engine.generate([seq], params, [3])

@@ -43,7 +43,8 @@ def mode_sandbox(mode: str, **options):
     try:
         tool = sandbox(isolation=mode, **options)
     except SandboxUnavailable as err:
-        why = {"auto": "no private root (install bubblewrap)", "bubblewrap": "bwrap is not installed or fails here (apt-get install bubblewrap)",
+        why = {"auto": "no private root (install bubblewrap)",
+               "bubblewrap": "bwrap is not installed or fails here (apt-get install bubblewrap)",
                "namespaces": "this needs root and `unshare` allowed to create namespaces",
                "user-namespace": "unprivileged user namespaces are disabled here",
                "nobody": "this needs root (to switch to nobody)", "none": "the sandbox cannot start"}[mode]
@@ -166,7 +167,8 @@ def test_network_is_unreachable(python_tool):
     with pytest.raises(TimeoutError):
         listener.accept()  # nothing reached the host
     listener.close()
-    assert python_tool.run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)").startswith("Traceback")
+    assert python_tool.run("import socket\n"
+                           "socket.create_connection(('1.1.1.1', 80), timeout=2)").startswith("Traceback")
 
 
 @pytest.mark.parametrize("mode, refusal", [
@@ -225,7 +227,8 @@ def test_host_unix_sockets_are_unreachable(private_root_tool):
 def test_nothing_written_outlives_the_call(private_root_tool):
     name = f"aepo-left-{uuid.uuid4().hex[:8]}"
     paths = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", name]
-    write = f"for path in {paths!r}:\n    open(path, 'w').write('x' * 1000)\nimport os\n[os.path.getsize(p) for p in {paths!r}]"
+    write = (f"for path in {paths!r}:\n    open(path, 'w').write('x' * 1000)\n"
+             f"import os\n[os.path.getsize(p) for p in {paths!r}]")
     assert private_root_tool.run(write) == "[1000, 1000, 1000, 1000]"
     assert private_root_tool.run(f"import os\n[os.path.exists(p) for p in {paths!r}]") == "[False, False, False, False]"
     assert not [path for path in paths[:3] if os.path.exists(path)]  # nor on the host
@@ -258,7 +261,8 @@ def test_host_files_outside_the_runtime_are_invisible(private_root_tool):
 
 
 PRIVATE_TOP = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp", "var",
-               *(root.split(os.sep)[1] for root in python_module._python_install_roots(os.path.realpath(sys.executable)))
+               *(root.split(os.sep)[1]
+                 for root in python_module._python_install_roots(os.path.realpath(sys.executable)))
                }  # the private root's top level: the runtime, the Python install
 
 ESCAPE = """import ctypes, os
@@ -412,7 +416,8 @@ def test_the_key_reaches_the_task_and_refuses_before_any_model(monkeypatch):
     cfg = Config()
     cfg.rollout.sandbox_isolation = "none"
     assert ToolOptions.from_config(cfg).python_isolation == "none"
-    assert build_tools(cfg.task, allowed=("python",), options=ToolOptions.from_config(cfg))["python"].isolation == "none"
+    tools = build_tools(cfg.task, allowed=("python",), options=ToolOptions.from_config(cfg))
+    assert tools["python"].isolation == "none"
     _no_private_root(monkeypatch)
     with pytest.raises(SandboxUnavailable, match="no private root can be built here"):
         get_task(Config())
@@ -514,7 +519,8 @@ def test_attack_files_left_in_host_temp_folders(any_mode_tool):
     name = f"aepo-left-{uuid.uuid4().hex[:8]}"
     paths = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}"]
     code = (f"import os\nprint(os.getcwd())\nopen({name!r}, 'w').write('x')\nfor path in {paths!r}:\n"
-            "    try:\n        open(path, 'w').write('x')\n    except OSError as err:\n        print(type(err).__name__)")
+            "    try:\n        open(path, 'w').write('x')\n"
+            "    except OSError as err:\n        print(type(err).__name__)")
     text = any_mode_tool.run(code)
     workdir = text.splitlines()[0]
     assert not [path for path in paths if os.path.exists(path)], text
@@ -563,7 +569,8 @@ def test_attack_setsid_daemon_does_not_outlive_the_call(any_mode_tool, ending):
     try:
         tail = "'returned'" if ending == "returns" else "while True:\n    pass"
         text = any_mode_tool.run(DAEMON.format(marker=marker, sleep=0.8, sentinel=sentinel, tail=tail))
-        assert text == ("returned" if ending == "returns" else "Error: timed out after 2 s; the process group was killed.")
+        assert text == ("returned" if ending == "returns"
+                        else "Error: timed out after 2 s; the process group was killed.")
         deadline = time.monotonic() + 1.0  # killed with its namespace's init, a daemon may still be exiting
         while _processes_named(marker) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -27,8 +27,10 @@ FRUIT = [
 ]
 
 HAND_CORPUS = [
-    {"id": "volcano", "title": "Mount Vesuvius", "text": "A volcano near Naples whose eruption in 79 AD buried Pompeii."},
-    {"id": "violin", "title": "Stradivarius", "text": "Violins crafted by Antonio Stradivari in Cremona are prized by musicians."},
+    {"id": "volcano", "title": "Mount Vesuvius",
+     "text": "A volcano near Naples whose eruption in 79 AD buried Pompeii."},
+    {"id": "violin", "title": "Stradivarius",
+     "text": "Violins crafted by Antonio Stradivari in Cremona are prized by musicians."},
     {"id": "glacier", "title": "Perito Moreno Glacier", "text": "An advancing glacier of ice in Patagonia, Argentina."},
     {"id": "chess", "title": "Queen's Gambit", "text": "A chess opening in which White offers a pawn sacrifice."},
     {"id": "coffee", "title": "Espresso", "text": "Coffee brewed by forcing hot water through finely ground beans."},
@@ -114,7 +116,8 @@ def test_damaged_or_unwritable_cache_still_gives_an_index(tmp_path):
 
 def test_format_results_as_the_release():
     hits = [Hit("b", "Banana", "banana  cherry\n pie", 1.0), Hit("a", "Apple", "apple apple banana", 0.5)]
-    assert format_results(hits, max_chars=100) == "Page 1: Banana — banana cherry pie\nPage 2: Apple — apple apple banana"
+    assert format_results(hits, max_chars=100) == ("Page 1: Banana — banana cherry pie\n"
+                                                   "Page 2: Apple — apple apple banana")
     assert format_results(hits[1:], max_chars=10) == "Page 1: Apple — apple app…"
     assert format_results([], max_chars=10) == "No results found."
 
@@ -179,8 +182,10 @@ def test_http_server_and_in_process_index_rank_alike(tmp_path):
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "documents": 8, "corpus_sha256": index.sha256}
         body = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 5, "return_scores": True}).json()
         expected = index.search(queries, 5)
-        assert [[item["document"]["id"] for item in row] for row in body["result"]] == [[h.id for h in row] for row in expected]
-        assert [[item["score"] for item in row] for row in body["result"]] == [[h.score for h in row] for row in expected]
+        assert ([[item["document"]["id"] for item in row] for row in body["result"]]
+                == [[h.id for h in row] for row in expected])
+        assert ([[item["score"] for item in row] for row in body["result"]]
+                == [[h.score for h in row] for row in expected])
         assert body["result"][0][0]["document"]["contents"] == "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]
         bare = httpx.post(f"{url}/retrieve", json={"queries": queries[:1]}).json()["result"]
         assert bare[0][0] == {"id": "volcano", "contents": "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]}

@@ -30,7 +30,8 @@ def test_prompt_and_tool_result_tokens_have_mask_zero(tiny_tokenizer):
     prompt = encode_prompt(tiny_tokenizer, d.example.messages)
     pieces = [tiny_tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in PIECES]
     assert sample.input_ids == prompt + pieces[0] + pieces[1] + pieces[2] + [tiny_tokenizer.eos_token_id]
-    assert sample.loss_mask == [0] * len(prompt) + [1] * len(pieces[0]) + [0] * len(pieces[1]) + [1] * len(pieces[2]) + [1]
+    assert sample.loss_mask == ([0] * len(prompt) + [1] * len(pieces[0]) + [0] * len(pieces[1])
+                                + [1] * len(pieces[2]) + [1])
     masked_text = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 0])
     assert "Page 1" in masked_text and "<result>" in masked_text and "Velmora founder" not in masked_text
     assert tiny_tokenizer.decode(sample.input_ids[-1:]) == "<|im_end|>" and sample.loss_mask[-1] == 1

@@ -83,8 +83,10 @@ def test_the_prompt_gets_the_protocol_system_message_unless_it_has_one():
     example = demo.demonstration(Protocol(TOOLS, "xml"), None, 0).example
     assert example.messages == [{"role": "system", "content": system_prompt(("search", "python"))}, user()]
     assert example.question == "Who founded Velmora?"
-    own = {"messages": [{"role": "system", "content": "Be brief."}, *SAME_TRAJECTORY["messages with XML calls"]["messages"]]}
-    assert parse_row(own, "x").demonstration(Protocol(TOOLS, "xml"), None, 0).example.messages[0]["content"] == "Be brief."
+    own = {"messages": [{"role": "system", "content": "Be brief."},
+                        *SAME_TRAJECTORY["messages with XML calls"]["messages"]]}
+    own_example = parse_row(own, "x").demonstration(Protocol(TOOLS, "xml"), None, 0).example
+    assert own_example.messages[0]["content"] == "Be brief."
     sharegpt = {"system": "Be brief.", **SAME_TRAJECTORY["ShareGPT"]}
     assert parse_row(sharegpt, "x").prompt[0] == {"role": "system", "content": "Be brief."}
 
@@ -124,7 +126,8 @@ def test_tool_result_tokens_have_loss_mask_zero_and_ids_are_built_piece_by_piece
     prompt = encode_prompt(tiny_tokenizer, demo.example.messages)  # the chat template, as rollouts build prompts
     pieces = [tiny_tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in XML_PIECES]
     assert sample.input_ids == prompt + pieces[0] + pieces[1] + pieces[2] + [tiny_tokenizer.eos_token_id]
-    assert sample.loss_mask == [0] * len(prompt) + [1] * len(pieces[0]) + [0] * len(pieces[1]) + [1] * len(pieces[2]) + [1]
+    assert sample.loss_mask == ([0] * len(prompt) + [1] * len(pieces[0]) + [0] * len(pieces[1])
+                                + [1] * len(pieces[2]) + [1])
     masked = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 0])
     trained = tiny_tokenizer.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m == 1])
     assert RESULT in masked and "<result>" in masked and "Velmora founder" not in masked
@@ -161,15 +164,18 @@ def test_calls_written_in_text_get_the_space_and_code_does_not():
         " <answer>\\boxed{ 1874} or \\boxed{ 1874}</answer>")
     hermes = Protocol(TOOLS, "hermes")
     written = ('<tool_call>{"name": "search", "arguments": {"query": "Ada Korrin"}}</tool_call>'
-               '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call><tool_call>not json</tool_call>')
+               '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'
+               '<tool_call>not json</tool_call>')
     assert spaced_values(hermes, written) == (hermes.format_call("search", " Ada Korrin") +
-                                              hermes.format_call("python", "print(1)") + "<tool_call>not json</tool_call>")
+                                              hermes.format_call("python", "print(1)") +
+                                              "<tool_call>not json</tool_call>")
 
 
 # ---------------------------------------------------------------- files
 
 def test_example_files_of_every_layout_read(tmp_path):
-    data = SFTData.from_files([str(EXAMPLES / name) for name in ("demos.jsonl", "demos_sharegpt.json", "demos_trl.jsonl")])
+    data = SFTData.from_files([str(EXAMPLES / name)
+                               for name in ("demos.jsonl", "demos_sharegpt.json", "demos_trl.jsonl")])
     assert len(data.demos) == 8 and not data.unanswered()
     assert [d.where for d in data.demos][4] == f"{EXAMPLES / 'demos_sharegpt.json'} row 1"
     lines = tmp_path / "lines.json"  # JSON Lines under a .json name, as LLaMA-Factory also reads
@@ -220,7 +226,8 @@ MISTAKES = {
         {"messages": [user(), assistant(None, tool_calls=[openai_call()]), assistant(ANSWER)]},
     "assistant message 2 has 2 tool_calls but only 1 following tool messages":
         {"messages": [user(), assistant(None, tool_calls=[openai_call(), openai_call()]), tool(), assistant(ANSWER)]},
-    "tool message 3 answers no call: assistant message 2 before it has no tool_calls and its text does not end with a call":
+    "tool message 3 answers no call: assistant message 2 before it has no tool_calls "
+    "and its text does not end with a call":
         {"messages": [user(), assistant("Let me look."), tool(), assistant(ANSWER)]},
     "the reply ends with tool message 3, a tool result":
         {"messages": [user(), assistant("<search>Velmora founder</search>"), tool()]},
@@ -256,7 +263,8 @@ MISTAKES = {
     "tool message 3 has an empty 'content'":
         {"messages": [user(), assistant(None, tool_calls=[openai_call()]), tool("  "), assistant(ANSWER)]},
     "observation turn 3 has an empty 'value'": {"conversations": [
-        {"from": "human", "value": "q"}, {"from": "function_call", "value": '{"name": "search", "arguments": {"query": "q"}}'},
+        {"from": "human", "value": "q"},
+        {"from": "function_call", "value": '{"name": "search", "arguments": {"query": "q"}}'},
         {"from": "observation", "value": ""}, {"from": "gpt", "value": ANSWER}]},
     "assistant message 2: tool call 1: 'arguments' is not valid JSON (Expecting ',' delimiter at column 22: "
     "'{\"code\": \"print(1+1)\"'); write it as the JSON text of an object":
@@ -266,7 +274,8 @@ MISTAKES = {
         {"messages": [user(), assistant(None, tool_calls=[openai_call(arguments='"Velmora founder"')]), tool(),
                       assistant(ANSWER)]},
     "function_call turn 2: tool call 1: 'arguments' is not valid JSON": {"conversations": [
-        {"from": "human", "value": "q"}, {"from": "function_call", "value": '{"name": "search", "arguments": "{query"}'},
+        {"from": "human", "value": "q"},
+        {"from": "function_call", "value": '{"name": "search", "arguments": "{query"}'},
         {"from": "observation", "value": "r"}, {"from": "gpt", "value": ANSWER}]},
     "assistant message 2: its <tool_call> is not valid JSON":
         {"messages": [user(), assistant('<tool_call>{"name": "search", "arguments": {"query": "q"}</tool_call>'),
@@ -373,7 +382,8 @@ def test_demonstrations_given_as_rl_data_point_to_the_sft_options(capsys):
 def test_the_api_reads_and_checks_sft_dataset_at_construction(no_model):
     from aepo_rl import AEPOTrainer
 
-    bad = MISTAKES["tool message 3 answers no call: assistant message 2 before it has no tool_calls and its text does not end with a call"]
+    bad = MISTAKES["tool message 3 answers no call: assistant message 2 before it has no tool_calls "
+                   "and its text does not end with a call"]
     with pytest.raises(DatasetError, match="sft_dataset row 2: tool message 3 answers no call"):
         AEPOTrainer(sft_dataset=[SAME_TRAJECTORY["ShareGPT"], bad])
     trainer = AEPOTrainer(sft_dataset=str(EXAMPLES / "demos.jsonl"))

@@ -43,7 +43,8 @@ def step_widths(model) -> tuple[list[int], object]:
                                     SamplingParams(greedy=True, stop=("</search>", "Velmora")),
                                     SamplingParams(min_tokens=3, repetition_penalty=1.3, top_k=40)],
                          ids=["sampled", "greedy-stops", "min-tokens-penalty"])
-def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untied_model, tiny_tokenizer, params, shapes):
+def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untied_model, tiny_tokenizer, params,
+                                                                           shapes):
     """Both column shapes of the step: the live width (eager on the CPU) and the whole bucket (captured)."""
     dynamic = HFEngine(untied_model, tiny_tokenizer, seed=3, cuda_graphs="off")
     static = HFEngine(untied_model, tiny_tokenizer, seed=3, cuda_graphs="on")
@@ -57,7 +58,8 @@ def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untie
         assert g.token_ids == e.token_ids
         assert (g.finish_reason, g.stop_string) == (e.finish_reason, e.stop_string)
         for name in ("logprobs", "entropies", "top10_entropies"):
-            torch.testing.assert_close(torch.tensor(getattr(g, name)), torch.tensor(getattr(e, name)), atol=1e-5, rtol=0)
+            torch.testing.assert_close(torch.tensor(getattr(g, name)), torch.tensor(getattr(e, name)),
+                                       atol=1e-5, rtol=0)
     assert static.stats() == dynamic.stats()
     for seq in rec.records:
         assert static.token_ids(seq) == dynamic.token_ids(seq)
@@ -66,7 +68,8 @@ def test_static_path_gives_the_dynamic_paths_tokens_logprobs_and_entropies(untie
     if shapes == "live":
         assert not steps  # nothing kept: the width changes every step
         return
-    assert {rows for rows, _ in steps} >= {8, 4, 1} and {cols for _, cols in steps} >= {COLUMN_BUCKET, 2 * COLUMN_BUCKET}
+    assert {rows for rows, _ in steps} >= {8, 4, 1}
+    assert {cols for _, cols in steps} >= {COLUMN_BUCKET, 2 * COLUMN_BUCKET}
 
 
 def test_dead_rows_stay_in_the_batch_until_half_are_dead(tiny_model, tiny_tokenizer):
@@ -215,7 +218,8 @@ def test_eager_attention_gets_an_additive_mask(untied_model, tiny_tokenizer):
 
 
 def test_rollout_cuda_graphs_reaches_the_engine(tiny_model, tiny_tokenizer):
-    engines = {mode: build_engine(load_config("aepo", None, [f"rollout.cuda_graphs={mode}"]), tiny_model, tiny_tokenizer)
+    engines = {mode: build_engine(load_config("aepo", None, [f"rollout.cuda_graphs={mode}"]), tiny_model,
+                                  tiny_tokenizer)
                for mode in ("auto", "on", "off")}
     assert engines["auto"].static is None and engines["off"].static is None  # auto on the CPU: dynamic
     assert engines["on"].static is not None

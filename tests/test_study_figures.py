@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("study_figures", Path(__file__).parents[1] / "lab" / "study" / "figures.py")
+SPEC = importlib.util.spec_from_file_location("study_figures",
+                                              Path(__file__).parents[1] / "lab" / "study" / "figures.py")
 figures = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(figures)
 
@@ -34,7 +35,8 @@ def fake_compare(root: Path, tree_arms=("arpo", "aepo"), chain_arms=("grpo",), s
     (root / "compare.json").write_text(json.dumps({"arms": {a: {} for a in runs}, "runs": runs}))
     (root / "sft").mkdir()
     (root / "sft" / "eval.json").write_text(json.dumps({"sft": {  # as aepo compare writes it
-        "synthetic/test": {"pass@1": 0.35, "by_hops": {"1": {"pass@1": 0.49}, "2": {"pass@1": 0.26}, "3": {"pass@1": 0.24}}}}}))
+        "synthetic/test": {"pass@1": 0.35,
+                           "by_hops": {"1": {"pass@1": 0.49}, "2": {"pass@1": 0.26}, "3": {"pass@1": 0.24}}}}}))
     return root
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("study_rules", Path(__file__).parents[1] / "lab" / "study" / "study_rules.py")
+SPEC = importlib.util.spec_from_file_location("study_rules",
+                                              Path(__file__).parents[1] / "lab" / "study" / "study_rules.py")
 rules = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(rules)
 
@@ -34,8 +35,9 @@ def test_gate_refuses_an_evaluation_without_hop_levels():
 def steps(clip=0.05, early=0.3, late=0.35, skip_at=None, nan_loss_at=None, last=20):
     out = {}
     for s in range(1, last + 1):
-        out[s] = {"step": s, "actor/pg_clipfrac": clip if s >= 6 else 0.0, "actor/pg_loss": None if s == nan_loss_at else 0.1,
-                  "actor/grad_norm": 1.0, "critic/score/mean": early if s <= 5 else late, "actor/grad_preserved_frac": 0.01}
+        out[s] = {"step": s, "actor/pg_clipfrac": clip if s >= 6 else 0.0,
+                  "actor/pg_loss": None if s == nan_loss_at else 0.1, "actor/grad_norm": 1.0,
+                  "critic/score/mean": early if s <= 5 else late, "actor/grad_preserved_frac": 0.01}
         if s == skip_at:
             out[s]["actor/skipped_nonfinite_grad"] = 0.125
     return out
@@ -44,7 +46,8 @@ def steps(clip=0.05, early=0.3, late=0.35, skip_at=None, nan_loss_at=None, last=
 def test_calibration_rule():
     assert rules.calibration(steps())["meets"]
     assert rules.calibration(steps(late=0.3))["meets"]  # equal score is not a fall
-    for bad in (dict(clip=0.009), dict(clip=0.11), dict(late=0.29), dict(skip_at=7), dict(nan_loss_at=3), dict(last=19)):
+    for bad in (dict(clip=0.009), dict(clip=0.11), dict(late=0.29), dict(skip_at=7), dict(nan_loss_at=3),
+                dict(last=19)):
         assert not rules.calibration(steps(**bad))["meets"], bad
 
 
@@ -63,7 +66,8 @@ def test_preserved_check_reads_only_the_mechanism_metric(tmp_path):
     assert not rules.preserved(good)["meets"]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps().values()))
     assert rules.main(["preserved", str(tmp_path), str(tmp_path / "rule.json")]) == 0
-    assert json.loads((tmp_path / "rule.json").read_text())["figures"]["grad_preserved_frac_mean"] == pytest.approx(0.01)
+    figures = json.loads((tmp_path / "rule.json").read_text())["figures"]
+    assert figures["grad_preserved_frac_mean"] == pytest.approx(0.01)
 
 
 def study_runs(aepo_gain=0.0, arpo_gain=0.0, noise=0.01, extra=None):
@@ -71,14 +75,16 @@ def study_runs(aepo_gain=0.0, arpo_gain=0.0, noise=0.01, extra=None):
     """compare.json-like ``runs``: every arm's per-seed values, grpo at 0.30 pass@1 plus a per-seed term."""
     gains = {"grpo": 0.0, "arpo": arpo_gain, "aepo": arpo_gain + aepo_gain, "gppo": 0.0, "aepo_no_sg_clip": arpo_gain,
              "aepo_no_branch_penalty": arpo_gain + aepo_gain, "arpo_random": arpo_gain}
-    seeds = {"grpo": 8, "arpo": 8, "aepo": 8, "gppo": 5, "aepo_no_sg_clip": 5, "aepo_no_branch_penalty": 5, "arpo_random": 5}
+    seeds = {"grpo": 8, "arpo": 8, "aepo": 8, "gppo": 5, "aepo_no_sg_clip": 5, "aepo_no_branch_penalty": 5,
+             "arpo_random": 5}
     wiggle = [0.0, 1.0, -1.0, 0.5, -0.5, 0.8, -0.8, 0.0]
     runs = {}
     for arm, n in seeds.items():
         runs[arm] = [{"seed_index": i, "pass@1": 0.30 + gains[arm] + noise * wiggle[i] * (arm == "aepo"),
                       "pass@k": 0.50, "eval_entropy": 0.2, "excess_calls": 0.1, "largest_subtree": 0.5,
                       "rollout/consecutive_branch_share/l2": 0.1, "rollout/consecutive_branch_share/l3plus": 0.05,
-                      "actor/pg_clipfrac": 0.02, "actor/pg_clipfrac_high_entropy": 0.08, "rollout/entropy_leverage": 0.2,
+                      "actor/pg_clipfrac": 0.02, "actor/pg_clipfrac_high_entropy": 0.08,
+                      "rollout/entropy_leverage": 0.2,
                       **extra.get(arm, {})} for i in range(n)]
     return runs
 
@@ -116,6 +122,7 @@ def test_secondary_verdicts():
     assert by_claim(results, "B", "aepo", "arpo")["verdict"] == "confirmed"
     assert by_claim(results, "T2", "aepo", "grpo")["verdict"] == "confirmed"
     assert by_claim(results, "G", "arpo", "arpo_random")["verdict"] == "refuted"  # equal arms, clipping present
-    assert by_claim(results, "X", "aepo", "grpo")["verdict"] == "inconclusive"  # identical pass@8: the interval is [0, 0]
+    # identical pass@8: the interval is [0, 0]
+    assert by_claim(results, "X", "aepo", "grpo")["verdict"] == "inconclusive"
     table = rules.verdict_table(results)
     assert table.count("\n") == len(results) + 2 and "| H1 | aepo − arpo | pass@1 |" in table

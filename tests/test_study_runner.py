@@ -34,7 +34,8 @@ def study(tmp_path):
     (out / "phase1" / "optimizer.txt").write_text(OPTIMIZER + "\n")
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; echo "$*" >> {calls}; exit 0; fi\n'
+    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; '
+                    f'echo "$*" >> {calls}; exit 0; fi\n'
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     env = {**os.environ, "SRC": str(src), "STUDY": str(out), "PYTHON": str(fake), "POLL": "0.1"}
@@ -64,14 +65,16 @@ def test_phases_2_and_3_run_the_preregistered_commands(study):
     study["calls"].unlink()
     assert run(study, "phase3").returncode == 0
     assert sorted(calls(study)) == sorted(f"compare --presets {arms} {compare}"
-                                          for arms in ("gppo:5,aepo_no_sg_clip:5", "aepo_no_branch_penalty:5,arpo_random:5"))
+                                          for arms in ("gppo:5,aepo_no_sg_clip:5",
+                                                       "aepo_no_branch_penalty:5,arpo_random:5"))
 
 
 def test_the_replication_runs_in_its_own_folder_in_world_1(study):
     result = run(study, "replicate")
     assert result.returncode == 0, result.stderr
     compare = f"--steps 100 --out {study['out']}/replicate {COMMON.format(out=study['out'])} task.seed=1"
-    assert sorted(calls(study)) == sorted(f"compare --presets {arms} {compare}" for arms in ("arpo:2", "grpo:4", "aepo:4", "arpo:4"))
+    assert sorted(calls(study)) == sorted(f"compare --presets {arms} {compare}"
+                                          for arms in ("arpo:2", "grpo:4", "aepo:4", "arpo:4"))
     assert "exploratory" in (study["out"] / "logs" / "run.log").read_text()
 
 
@@ -99,7 +102,8 @@ def test_tables_write_the_verdicts_and_the_figures(study):
                             for ref in ("arpo", "grpo", "aepo")]
     tables = study["out"] / "replicate" / "tables"
     assert sorted(p.name for p in tables.iterdir()) == sorted(
-        [f"reference-{ref}.{ext}" for ref in ("aepo", "arpo", "grpo") for ext in ("md", "json")] + ["verdicts.json", "verdicts.md"])
+        [f"reference-{ref}.{ext}" for ref in ("aepo", "arpo", "grpo") for ext in ("md", "json")]
+        + ["verdicts.json", "verdicts.md"])
     verdicts = json.loads((tables / "verdicts.json").read_text())
     assert verdicts[0]["claim"] == "H1" and verdicts[0]["n"] == 2
     assert sorted(p.name for p in (study["out"] / "replicate" / "plots").iterdir()) == [

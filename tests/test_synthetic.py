@@ -33,7 +33,8 @@ def test_world_is_deterministic_by_seed():
     assert build_world(3).corpus != build_world(4).corpus
     a, b = small_task(seed=5), small_task(seed=5)
     for split in ("train", "dev", "test"):
-        assert [(e.question, e.answers) for e in a.examples(split)] == [(e.question, e.answers) for e in b.examples(split)]
+        assert ([(e.question, e.answers) for e in a.examples(split)]
+                == [(e.question, e.answers) for e in b.examples(split)])
     assert small_task(seed=6).examples("test")[0].question != a.examples("test")[0].question
 
 
@@ -110,7 +111,8 @@ def test_min_hops_above_max_hops_or_leaving_no_template_fails_naming_the_keys():
         load_config(overrides={"task.min_hops": 3, "task.max_hops": 2})
     with pytest.raises(ValueError, match=r"task.min_hops=3.*arithmetic questions need 1-2.*task.arithmetic_fraction=0"):
         small_task(min_hops=3, max_hops=3, arithmetic_fraction=0.3)
-    assert {e.extra_info["hops"] for e in small_task(min_hops=3, max_hops=3, arithmetic_fraction=0).examples("dev")} == {3}
+    dev = small_task(min_hops=3, max_hops=3, arithmetic_fraction=0).examples("dev")
+    assert {e.extra_info["hops"] for e in dev} == {3}
 
 
 def test_min_tool_calls_counts_the_teachers_calls(task):
@@ -153,7 +155,8 @@ def test_teacher_recovers_from_search_noise_by_searching_again():
     for demo in [*task.demonstrations(), *task.demonstrations_for("dev")]:
         text = response(demo)
         assert task.correct(demo.example, text), text
-        searches = [(parts(call.strip()[len("<search> "):-len("</search>")]), result.split("Page 1: ")[1].split(" — ")[0])
+        searches = [(parts(call.strip()[len("<search> "):-len("</search>")]),
+                     result.split("Page 1: ")[1].split(" — ")[0])
                     for (call, _), (result, _) in zip(demo.pieces[0::2], demo.pieces[1::2]) if "<search>" in call]
         for ((name, i), title), ((next_name, j), _) in zip(searches, [*searches[1:], ((None, -1), None)]):
             wrong_page = title != name and i < len(RETRY_WORDS) - 1
@@ -299,7 +302,8 @@ def test_get_task_passes_cache_dir_and_the_rollouts_tool_limits_to_the_tools(tmp
                                  "rollout.tool_timeout": 5.0, "rollout.tool_workers": 3, "rollout.sandbox_write_mb": 5})
     get_task(cfg).tools()
     assert calls["search"]["cache_dir"] == str(tmp_path)
-    assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5, "isolation": "auto"}  # 0.8 × tool_timeout: the sandbox reports first
+    # timeout 0.8 × tool_timeout: the sandbox reports first
+    assert calls["python"] == {"timeout": 4.0, "pool_size": 3, "write_mb": 5, "isolation": "auto"}
 
 
 def test_hermes_tool_format_writes_prompts_and_demonstrations_in_hermes():

@@ -56,7 +56,8 @@ def http_server():
             def do_POST(self):
                 queries = json.loads(self.rfile.read(int(self.headers["content-length"])))["queries"]
                 hit = {"document": {"id": "d1", "contents": "Title\nbody"}, "score": 1.0}
-                body = json.dumps({"result": [[hit] for _ in queries]} if status == 200 else {"detail": "boom"}).encode()
+                body = json.dumps({"result": [[hit] for _ in queries]} if status == 200
+                                  else {"detail": "boom"}).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -109,12 +110,16 @@ def test_an_http_error_is_a_tool_error(tiny_tokenizer, http_server, status, fail
 def test_a_sandbox_timeout_is_an_error_and_an_exception_of_the_models_code_is_not(tiny_tokenizer):
     sandbox = PythonSandbox(timeout=1.0, pool_size=2)
     code = ["while True:\n    pass", "x = 1\n1 / 0", "6 * 7"]
-    script = lambda seq: (f"<python>{code[seq.rounds]}</python>" if seq.rounds < 3 else "<answer>42</answer>", 1.0)
+
+    def script(seq):
+        return (f"<python>{code[seq.rounds]}</python>" if seq.rounds < 3 else "<answer>42</answer>", 1.0)
+
     result = rollout(tiny_tokenizer, {"python": sandbox}, script, n=1)
     stopped, raised, fine = result.groups[0][0].tool_calls
     assert stopped.error and stopped.result.startswith("Error:")
     assert "CPU time limit of 1 s exceeded" in stopped.result or "timed out after 1 s" in stopped.result
-    assert not raised.error and raised.result.startswith("Traceback") and raised.result.endswith("ZeroDivisionError: division by zero")
+    assert not raised.error and raised.result.startswith("Traceback")
+    assert raised.result.endswith("ZeroDivisionError: division by zero")
     assert not fine.error and fine.result == "42"
     assert result.metrics["rollout/tool_errors"] == 1 and result.metrics["rollout/tool_calls"] == 3
     assert sandbox.stats["errors"] == 1 and sandbox.stats["calls"] == 3
@@ -131,7 +136,10 @@ def test_an_unknown_hermes_tool_is_an_error(tiny_tokenizer):
     search = EchoSearch()
     calls = ['<tool_call>{"name": "browse", "arguments": {"url": "x"}}</tool_call>',
              '<tool_call>{"name": "search", "arguments": {"query": "b"}}</tool_call>']
-    script = lambda seq: (calls[seq.rounds] if seq.rounds < 2 else "<answer>y</answer>", 1.0)
+
+    def script(seq):
+        return (calls[seq.rounds] if seq.rounds < 2 else "<answer>y</answer>", 1.0)
+
     result = rollout(tiny_tokenizer, {"search": search}, script, n=1, tool_format="hermes")
     unknown, known = result.groups[0][0].tool_calls
     assert unknown.error and unknown.result.startswith("Error: unknown tool 'browse'")
@@ -201,7 +209,8 @@ def test_aepo_eval_warns_once_when_tool_errors_pass_the_threshold(monkeypatch, t
 
     monkeypatch.setattr(aepo_rl.evaluate, "get_task", lambda cfg: DeadSearchTask(dead_url()))
     monkeypatch.setattr(aepo_rl.evaluate, "load_policy", lambda cfg, task: ("model", tiny_tokenizer))
-    monkeypatch.setattr(aepo_rl.evaluate, "build_engine", lambda cfg, model, tok: FakeEngine(tok, searches_then_answer(2)))
+    monkeypatch.setattr(aepo_rl.evaluate, "build_engine",
+                        lambda cfg, model, tok: FakeEngine(tok, searches_then_answer(2)))
     cfg = load_config(overrides=["eval.samples=2", "eval.batch_size=1", f"rollout.tool_error_warn_share={share}"])
     with caplog.at_level(logging.WARNING):
         assert eval_main(cfg) == 0

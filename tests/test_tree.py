@@ -256,7 +256,8 @@ def test_latest_segment_forks_at_the_tool_result(tiny_tokenizer):
     console = Console(record=True, width=250)
     console.print(group_tree(result.groups[0], 1, "latest"))
     p = 0.45 + 0.2 * delta
-    assert f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, H={t0.rounds[1].step_entropy:.3f}, P={p:.3f})" \
+    assert (f"T1 forked from T0 after round 1's tool result (token {t1.fork_token_index}, "
+            f"H={t0.rounds[1].step_entropy:.3f}, P={p:.3f})") \
         in console.export_text()
     assert all(sid in engine.released for sid in engine.seqs)
 
@@ -376,7 +377,10 @@ def test_tool_error_and_timeout_continue(tiny_tokenizer):
     blocking = BlockingTool()
     blocking.name = blocking.tag = "python"
     tools_ = {"search": RaisingTool(), "python": blocking}
-    script = lambda s: (["<search>a</search>", "<python>x</python>", "<answer>y</answer>"][s.rounds], 1.0)
+
+    def script(s):
+        return (["<search>a</search>", "<python>x</python>", "<answer>y</answer>"][s.rounds], 1.0)
+
     c = cfg(mode="independent", n=1, tool_timeout=0.2)
     result = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), tools_, c)
     blocking.gate.set()
@@ -389,16 +393,21 @@ def test_tool_error_and_timeout_continue(tiny_tokenizer):
 
 def test_identical_calls_are_cached(tiny_tokenizer):
     search = EchoSearch()
-    script = lambda s: ("<search>same</search>" if s.rounds < 2 else "<answer>y</answer>", 1.0)
+
+    def script(s):
+        return ("<search>same</search>" if s.rounds < 2 else "<answer>y</answer>", 1.0)
+
     run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer, 2), {"search": search},
                 cfg(mode="independent", n=3))
     assert search.calls == ["same"]
 
 
 def test_hermes_garbled_json_continues(tiny_tokenizer):
-    script = lambda s: (['<tool_call>{"name": "search", "arguments": {"query": "a"</tool_call>',
-                         '<tool_call>{"name": "search", "arguments": {"query": "b"}}</tool_call>',
-                         "<answer>y</answer>"][s.rounds], 1.0)
+    def script(s):
+        return (['<tool_call>{"name": "search", "arguments": {"query": "a"</tool_call>',
+                 '<tool_call>{"name": "search", "arguments": {"query": "b"}}</tool_call>',
+                 "<answer>y</answer>"][s.rounds], 1.0)
+
     search = EchoSearch()
     c = cfg(mode="independent", n=1, tool_format="hermes")
     t = run_rollout(FakeEngine(tiny_tokenizer, script), prompts(tiny_tokenizer), {"search": search}, c).groups[0][0]
@@ -445,7 +454,8 @@ def test_cli_writes_records_and_prints_the_tree(tiny_tokenizer, tmp_path):
     text = console.export_text()
     assert "prompt p0: 4 trajectories = 1 global samples + 0 restarts + 3 forks" in text
     assert "T0 global sample" in text
-    assert f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, H={h:.3f}, P=0.855)" in text
+    assert (f"T2 forked from T1 after round 2's tool result (token {records[2]['fork_token_index']}, "
+            f"H={h:.3f}, P=0.855)") in text
     assert "T3 forked from T0 after round 3's tool result" in text and "P=0.520)" in text
     assert "search('q0')" in text and "rollout/largest_subtree_share" in text
 

@@ -145,12 +145,14 @@ def test_aepo_off_equals_stock_grpo(adapter, tiny_tokenizer, tmp_path, loss_type
 
 @pytest.mark.parametrize("loss_type, extra", [
     ("bnpo", {"delta": 3.0}),
-    ("dapo", {"aepo_grad_preserve_entropy_quantile": 0.5, "aepo_entropy_adv_clamp": True, "aepo_entropy_adv_coef": 1.5}),
+    ("dapo", {"aepo_grad_preserve_entropy_quantile": 0.5, "aepo_entropy_adv_clamp": True,
+              "aepo_entropy_adv_coef": 1.5}),
 ])
 def test_aepo_on_equals_native_aepo_loss(adapter, tiny_tokenizer, tmp_path, loss_type, extra):
     from trl import GRPOConfig, GRPOTrainer
 
-    config = _config(adapter.AEPOGRPOConfig, tmp_path / "a", loss_type=loss_type, gradient_accumulation_steps=1, **extra)
+    config = _config(adapter.AEPOGRPOConfig, tmp_path / "a", loss_type=loss_type, gradient_accumulation_steps=1,
+                     **extra)
     ours = _trainer(adapter.AEPOGRPOTrainer, config, tiny_tokenizer)
     batch = _batch(tiny_tokenizer)
     batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()  # one micro-batch
@@ -172,7 +174,8 @@ def test_aepo_on_equals_native_aepo_loss(adapter, tiny_tokenizer, tmp_path, loss
                           entropy_adv_coef=extra.get("aepo_entropy_adv_coef", 0.2), entropy_adv_scope="micro-batch",
                           entropy_adv_clamp=extra.get("aepo_entropy_adv_clamp", False), sg_upper_clip=True,
                           grad_preserve_entropy_quantile=extra.get("aepo_grad_preserve_entropy_quantile"))
-    loss, metrics = get_policy_loss("aepo")(batch["old_per_token_logps"], logp, batch["advantages"][:, None].expand_as(logp),
+    loss, metrics = get_policy_loss("aepo")(batch["old_per_token_logps"], logp,
+                                            batch["advantages"][:, None].expand_as(logp),
                                             mask, "token-mean", config=cfg, entropy=entropy)
     loss.backward()
     want = (loss.detach(), {n: p.grad.clone() for n, p in ours.model.named_parameters() if p.grad is not None})
@@ -180,7 +183,8 @@ def test_aepo_on_equals_native_aepo_loss(adapter, tiny_tokenizer, tmp_path, loss
     assert metrics["actor/grad_preserved_frac"] > 0  # the batch exercises the stop-gradient clip
 
     # and the AEPO options change the gradient: stock GRPO on the same batch differs
-    stock = _trainer(GRPOTrainer, _config(GRPOConfig, tmp_path / "s", loss_type=loss_type, gradient_accumulation_steps=1,
+    stock = _trainer(GRPOTrainer, _config(GRPOConfig, tmp_path / "s", loss_type=loss_type,
+                                          gradient_accumulation_steps=1,
                                           delta=extra.get("delta")), tiny_tokenizer)
     _, stock_grads = _loss_and_grads(stock, batch)
     assert max((got[1][n] - stock_grads[n]).abs().max().item() for n in stock_grads) > 1e-4
@@ -261,7 +265,8 @@ def test_version_gate(adapter, monkeypatch):
     adapter.check_trl_version("1.16.0")
     adapter.check_trl_version("1.16.3")
     for bad in ("1.15.2", "1.17.0", "2.0.0"):
-        with pytest.raises(ImportError, match=rf"trl>=1\.16,<1\.17.*trl {bad} is installed.*pip install -e \".\[trl\]\" in the aepo-rl clone"):
+        with pytest.raises(ImportError, match=rf"trl>=1\.16,<1\.17.*trl {bad} is installed.*"
+                                              r"pip install -e \".\[trl\]\" in the aepo-rl clone"):
             adapter.check_trl_version(bad)
     # the import itself refuses an untested TRL
     import trl

@@ -50,7 +50,8 @@ def test_trl_names_are_accepted_as_keyword_arguments_and_named_in_errors():
         AEPOTrainer(loss_type="bnpo")
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'train_datset'; did you mean 'train_dataset'\?"):
         AEPOTrainer(train_datset=TRAIN)
-    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.learning_rate'; TRL's learning_rate is trainer.lr"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown config key 'trainer.learning_rate'; TRL's learning_rate is trainer.lr"):
         AEPOTrainer(overrides={"trainer.learning_rate": 1e-5})
     with pytest.raises(ConfigError, match=r"unknown config key 'num_generations'; TRL's num_generations is rollout.n"):
         load_config(overrides=["num_generations=4"])
@@ -153,9 +154,11 @@ def test_a_prompt_only_dataset_trains_when_no_reward_reads_an_answer(policy, tmp
 
 
 def test_a_dataset_dict_gets_the_split_hint():
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN), "test": datasets.Dataset.from_list(TEST)})
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN),
+                                   "test": datasets.Dataset.from_list(TEST)})
     with pytest.raises(DatasetError, match=r"train_dataset is a DatasetDict of splits \['train', 'test'\], as "
-                                           r"load_dataset\(...\) returns: pass one split, train_dataset=dataset\['train'\] "
+                                           r"load_dataset\(...\) returns: pass one split, "
+                                           r"train_dataset=dataset\['train'\] "
                                            r"\(and eval_dataset=dataset\['test'\]\)"):
         AEPOTrainer(train_dataset=splits, reward_funcs=[correct], tools=["python"])
 
@@ -231,7 +234,8 @@ def run_steps(run_dir):
 
 def test_a_model_object_trains_from_a_copy_in_the_run_folder(policy, tmp_path, capsys):
     model, tokenizer = policy
-    with pytest.raises(TypeError, match=r"model is a loaded Qwen3ForCausalLM: also pass its tokenizer as processing_class="):
+    with pytest.raises(TypeError,
+                       match=r"model is a loaded Qwen3ForCausalLM: also pass its tokenizer as processing_class="):
         AEPOTrainer(model=model, train_dataset=TRAIN, reward_funcs=[correct], tools=["python"])
     with pytest.raises(TypeError, match=r"processing_class goes with a model object"):
         AEPOTrainer(model="models/x", processing_class=tokenizer)

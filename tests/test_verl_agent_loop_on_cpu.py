@@ -13,7 +13,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.verl
-pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl "
+                            "(.ci/run, docs/verl.md)")
 
 from fakes import EchoSearch  # noqa: E402
 from helpers import SteeredQwen3, steer  # noqa: E402
@@ -231,9 +232,11 @@ def test_a_failing_or_hanging_tree_fails_its_sessions_without_stopping_the_other
 def test_global_step_tags_are_set_when_the_server_reports_none(steered, tokenizer, echo_task):
     """Review L3: verl's V1 trainer builds an int array of every leaf's min/max_global_steps; a server that
     reports no weight version leaves the prompt's global_steps there, never None."""
-    outputs = asyncio.run(sessions(["q"], trainer_config(), HFServer(steered, tokenizer, report_steps=False), tokenizer))
+    outputs = asyncio.run(sessions(["q"], trainer_config(), HFServer(steered, tokenizer, report_steps=False),
+                                   tokenizer))
     assert not [o for o in outputs if isinstance(o, BaseException)], outputs
-    assert {(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in outputs} == {(STEPS, STEPS)}
+    assert ({(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in outputs}
+            == {(STEPS, STEPS)})
 
 
 def test_tree_timings_split_server_time_from_the_rest(steered, tokenizer, echo_task):
@@ -297,7 +300,8 @@ def test_custom_keys_are_checked_with_their_verl_names():
     assert settings.rollout.n == N and settings.rollout.max_response_length == RESPONSE
     assert settings.rollout.entropy_measure == "surprisal" and settings.rollout.global_samples == 2
     assert settings.rollout.entropy_reduce == "sum"  # the release's ΔH scale (§1.2), as every aepo_rl rollout
-    assert loop_settings(trainer_config(entropy_reduce="mean").actor_rollout_ref.rollout).rollout.entropy_reduce == "mean"
+    mean_settings = loop_settings(trainer_config(entropy_reduce="mean").actor_rollout_ref.rollout)
+    assert mean_settings.rollout.entropy_reduce == "mean"
     for bad, message in [({"n": 3}, "use actor_rollout_ref.rollout.n"),
                          ({"entropy_wieght": 0.2}, r"custom\.aepo\.entropy_wieght"),
                          ({"entropy_measure": "full"}, "use surprisal"),

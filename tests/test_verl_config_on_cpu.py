@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.verl
-pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl "
+                            "(.ci/run, docs/verl.md)")
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "verl"
 VALUES = {"DATA": "/data/aepo", "MODEL": "Qwen/Qwen3-8B", "REWARD": "/site/aepo_rl/integrations/verl/reward.py",
@@ -184,7 +185,8 @@ def test_the_hydra_config_extends_ppo_trainer_with_the_8gpu_scripts_settings():
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, AEPOPolicyLossConfig) and actor.policy_loss.entropy_adv_coef == 0.2
     script = compose(script_overrides("run_qwen3_8b_8gpu.sh"))
-    keys = [k for k in _leaves(own) if not k.startswith(("hydra.", "defaults", "trainer.")) and k != "reward.custom_reward_function.path"]
+    keys = [k for k in _leaves(own)
+            if not k.startswith(("hydra.", "defaults", "trainer.")) and k != "reward.custom_reward_function.path"]
     assert len(keys) > 35
     defaults = AEPOPolicyLossConfig()  # the knobs the script leaves at their defaults
 

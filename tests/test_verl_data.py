@@ -89,13 +89,15 @@ def test_verl_data_from_user_files_and_compute_score(tmp_path):
     wrong = compute_score(row["data_source"], CORRECT.format("Bob"), row["reward_model"]["ground_truth"],
                           row["extra_info"])
     assert right == 1.0 and wrong == 0.0
-    assert compute_score(row["data_source"], "no format", row["reward_model"]["ground_truth"], row["extra_info"]) == -1.0
+    assert compute_score(row["data_source"], "no format", row["reward_model"]["ground_truth"],
+                         row["extra_info"]) == -1.0
     # the files read back as an aepo task: the round trip keeps questions and answers
     from aepo_rl.config import load_config
     from aepo_rl.tasks import get_task
 
     again = get_task(load_config("aepo", None, ["task.name=file", f"task.train_files=[{out / 'train.parquet'}]"]))
-    assert [(e.question, e.answers) for e in again.examples("train")] == [(f"q{i}?", [f"Ada {i}", "A."]) for i in range(3)]
+    assert ([(e.question, e.answers) for e in again.examples("train")]
+            == [(f"q{i}?", [f"Ada {i}", "A."]) for i in range(3)])
 
 
 def test_verl_data_refuses_a_missing_split(tmp_path, capsys):
@@ -154,7 +156,8 @@ def test_verl_data_of_user_files_names_its_own_folder_not_this_machine(tmp_path,
     out.rename(moved)
     overrides = [line.split("custom.aepo.", 1)[1].replace("$DATA", str(moved)) for line in lines]
     task = get_task(load_config("aepo", None, overrides))
-    original = get_task(load_config("aepo", None, ["task.name=file", f"task.train_files=[{examples / 'questions.jsonl'}]",
+    original = get_task(load_config("aepo", None, ["task.name=file",
+                                                   f"task.train_files=[{examples / 'questions.jsonl'}]",
                                                    f"task.corpus={examples / 'corpus.jsonl'}"]))
     assert sorted(task.tools()) == sorted(original.tools())
     assert task.tools()["search"].run("Velmora founder") == original.tools()["search"].run("Velmora founder")

@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
-pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl "
+                            "(.ci/run, docs/verl.md)")
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "tests" / "verl_cpu"
@@ -51,7 +52,8 @@ CPU_OVERRIDES = [
 ]
 """What the CPU needs on top of the plugin's overrides (docs/verl.md)."""
 
-ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token",
+                      "algorithm.rollout_correction.rollout_is_threshold=2.0",
                       "algorithm.rollout_correction.rollout_rs=token_k3",
                       "algorithm.rollout_correction.rollout_rs_threshold=1.0"]
 """verl's own Rollout Correction, decoupled: truncated token IS weights on the aepo loss and k3 token rejection
@@ -75,7 +77,8 @@ def tiny_checkpoint(path: Path) -> Path:
 
 def command(model: Path, data: Path, out: Path) -> list[str]:
     reward = HARNESS / "aepo_verl_cpu.py"  # the plugin's compute_score + a length term (see there)
-    env = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_MODULES": "aepo_verl_cpu", "AEPO_E2E_DIR": str(out),
+    env = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_MODULES": "aepo_verl_cpu",
+           "AEPO_E2E_DIR": str(out),
            "AEPO_E2E_STEER": "1", "PYTHONPATH": f"{HARNESS}{os.pathsep}{ROOT}{os.pathsep}{ROOT / 'tests'}",
            "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -165,7 +168,8 @@ def test_verls_rollout_correction_runs_with_the_aepo_loss(run):
         for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/k3_kl",
                     "rollout_corr/kl", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/chi2_token"):
             assert key in data and math.isfinite(data[key]), (key, sorted(k for k in data if "rollout_corr" in k))
-        assert 0 < data["rollout_corr/rollout_is_mean"] <= 2 and 0 <= data["rollout_corr/rollout_rs_masked_fraction"] < 1
+        assert 0 < data["rollout_corr/rollout_is_mean"] <= 2
+        assert 0 <= data["rollout_corr/rollout_rs_masked_fraction"] < 1
         assert data["rollout_corr/k3_kl"] >= 0
 
 

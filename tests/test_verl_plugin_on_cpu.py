@@ -12,7 +12,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.verl
-pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl "
+                            "(.ci/run, docs/verl.md)")
 
 from aepo_rl.algorithms.aggregation import AGG_MODES  # noqa: E402
 from aepo_rl.algorithms.losses import aepo_policy_loss, gppo_policy_loss  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.verl
-pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl (.ci/run, docs/verl.md)")
+pytest.importorskip("verl", reason="verl is not installed here: the verl tests run in .venv-verl "
+                            "(.ci/run, docs/verl.md)")
 
 from verl.trainer.ppo import rollout_corr_helper as verl_rc  # noqa: E402
 
@@ -119,7 +120,8 @@ def test_the_trainers_is_weighted_aepo_loss_equals_verls_ppo_loss_with_rollout_i
     data = _verl_data(lengths, mask, old, adv, prompt)
     data["rollout_is_weights"] = weights
     loss, _ = engine_workers.ppo_loss(_actor_config("aepo", agg, entropy_adv_coef=0.2),
-                                      {"log_probs": _flat(leaf, lengths, prompt), "entropy": _flat(entropy, lengths, prompt)},
+                                      {"log_probs": _flat(leaf, lengths, prompt),
+                                       "entropy": _flat(entropy, lengths, prompt)},
                                       data)
     loss.backward()
     native = logp.clone().requires_grad_(True)

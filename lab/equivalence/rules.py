@@ -198,10 +198,16 @@ def verdicts(compare: dict) -> dict:
 
 
 def verdict_table(results: dict) -> str:
-    lines = ["| test | n | mean | 95% CI | 90% CI (TOST) | p | p TOST ±3 | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| test | n | mean | 95% CI | 90% CI (TOST) | p | p TOST ±3 | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def fmt(v):
+        return "n/a" if v is None else f"{v:+.4f}"
+
+    def ci(c):
+        return "n/a" if c is None else f"[{c[0]:+.4f}, {c[1]:+.4f}]"
+
     for name, t in results.items():
-        fmt = (lambda v: "n/a" if v is None else f"{v:+.4f}")
-        ci = (lambda c: "n/a" if c is None else f"[{c[0]:+.4f}, {c[1]:+.4f}]")
         lines.append(f"| {name}: {t['arm']} − {t['other']} | {t['n']} | {fmt(t['mean'])} | {ci(t['ci95'])} | "
                      f"{ci(t['ci90'])} | {fmt(t['p'])} | {fmt(t['p_tost'])} | {t['verdict']} |")
     return "\n".join(lines) + "\n"

@@ -38,7 +38,8 @@ def parse_plan(plan: str) -> tuple[str, int]:
         return name, 0
     if mode.startswith("lora") and mode[4:].isdigit() and int(mode[4:]) > 0:
         return name, int(mode[4:])
-    raise SystemExit(f"--plans: '{plan}' must be <architecture>:full or <architecture>:lora<rank>, e.g. qwen3-8b:lora64")
+    raise SystemExit(f"--plans: '{plan}' must be <architecture>:full or <architecture>:lora<rank>, "
+                     "e.g. qwen3-8b:lora64")
 
 
 def peak_bytes(device: torch.device) -> int | None:

@@ -88,7 +88,8 @@ def main() -> None:
                         help="vLLM's compilation_config as JSON; 'default' for vLLM's own (inductor)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--out", default="vllm_probe.jsonl")
-    parser.add_argument("--stand-in", action="store_true", help="the HF engine in place of vLLM (a dry run without vLLM)")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="the HF engine in place of vLLM (a dry run without vLLM)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_rollout import pseudo_text
@@ -132,7 +133,8 @@ def main() -> None:
         two_rounds(vllm, prompts[:4], budgets[:4], tool)  # warm-up
         two_rounds(hf, prompts, budgets, tool)  # warm-up: captures the buckets' graphs
         figures = {name: two_rounds(engine, prompts, budgets, tool) for name, engine in (("vllm", vllm), ("hf", hf))}
-        return {"tokens_per_s": {k: round(v) for k, v in figures.items()}, "ratio_vllm_hf": figures["vllm"] / figures["hf"],
+        return {"tokens_per_s": {k: round(v) for k, v in figures.items()},
+                "ratio_vllm_hf": figures["vllm"] / figures["hf"],
                 "hf_graphs": hf.static is not None and hf.static.graphs_captured, "vllm_counters": vllm.stats()}
 
     def logprob_gap(engine, trajectories_model, n=8, budget=32):
@@ -146,7 +148,8 @@ def main() -> None:
         batch = collate([_trajectory(p, t) for p, t, _ in rows], list(range(len(rows))), tokenizer.pad_token_id)
         with torch.no_grad():
             logp, _ = response_logprobs(policy, batch.to(device), bf16=False)
-        every = torch.cat([(logp[i, :len(t)].float().cpu() - torch.tensor(lp)).abs() for i, (_, t, lp) in enumerate(rows)])
+        every = torch.cat([(logp[i, :len(t)].float().cpu() - torch.tensor(lp)).abs()
+                           for i, (_, t, lp) in enumerate(rows)])
         return {"mean_abs_dlogp": float(every.mean()), "max_abs_dlogp": float(every.max()), "tokens": every.numel()}
 
     def parity():

@@ -8,7 +8,8 @@ Per seed s, alone (run nothing else on the machine; the wall time is the record)
 
     aepo train task.seed=s trainer.seed=s rollout.seed=s model.cache_dir=DIR/cache-s trainer.run_dir=DIR
                trainer.run_name=seed<s> KEY=VALUE ...
-    aepo eval --model DIR/seed<s>/checkpoints/step_<last>/model --out DIR/seed<s>/unseen.json task.seed=<unseen> KEY=VALUE ...
+    aepo eval --model DIR/seed<s>/checkpoints/step_<last>/model --out DIR/seed<s>/unseen.json
+              task.seed=<unseen> KEY=VALUE ...
 
 ``--kernels avx2`` sets ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`` for both
 (``bench_avx2.AVX2_ENV``: what a machine without AVX-512 runs). Each seed's wall time, the job's own stage
@@ -46,7 +47,8 @@ def run_child(args: list[str], env: dict[str, str], log: Path) -> tuple[float, f
     seconds: user + system)."""
     with open(log, "w") as out:
         t0 = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "aepo_rl", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([sys.executable, "-m", "aepo_rl", *args], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - t0
     return wall, usage.ru_maxrss / 1024 ** 2, os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
@@ -105,11 +107,14 @@ def _ratio(value: float, reference: float) -> str:
 
 
 def table(record: dict) -> str:
-    mark = lambda ok: "" if ok else " ✗"
+    def mark(ok):
+        return "" if ok else " ✗"
+
     lines = [f"Kernels: {record['kernels']}; machine: {record['machine']}; "
              f"commit {', '.join(sorted({e['commit'] for e in record['seeds']}))}; "
              f"overrides: {' '.join(record['overrides']) or 'none'}", "",
-             "| seed | wall | task+model+SFT | SFT eval | RL+eval | SFT pass@1 (pass@k) | RL pass@1 (pass@k) | Δ pass@1 "
+             "| seed | wall | task+model+SFT | SFT eval | RL+eval | SFT pass@1 (pass@k) | RL pass@1 (pass@k) "
+             "| Δ pass@1 "
              "| unseen world pass@1 (× test) | peak RSS |", "|" + "---|" * 10]
     oks = [checks(entry) for entry in record["seeds"]]
     for entry, ok in zip(record["seeds"], oks):
@@ -118,12 +123,15 @@ def table(record: dict) -> str:
         lines.append(
             f"| {entry['seed']} | {entry['wall_s']:.0f} s{mark(ok['wall'])} | "
             + " | ".join(f"{stage[s]:.0f} s" if s in stage else "–" for s in STAGE_NAMES)
-            + f" | {sft['pass@1']:.3f}{mark(ok['sft'])} ({sft['pass@k']:.3f}) | {rl['pass@1']:.3f} ({rl['pass@k']:.3f}) | "
+            + f" | {sft['pass@1']:.3f}{mark(ok['sft'])} ({sft['pass@k']:.3f}) | "
+            f"{rl['pass@1']:.3f} ({rl['pass@k']:.3f}) | "
             f"{rl['pass@1'] - sft['pass@1']:+.3f}{mark(ok['gain'])} | {unseen['pass@1']:.3f} "
             f"({_ratio(unseen['pass@1'], rl['pass@1'])}){mark(ok['unseen'])} | {entry['peak_rss_gb']:.2f} GB |")
     met = {name: all(ok[name] for ok in oks) for name in ("wall", "sft", "gain", "unseen")}
-    lines += ["", f"Targets on every seed (✗ marks a miss): wall ≤ {TARGETS['wall_max_s']} s {'met' if met['wall'] else 'NOT met'}; "
-              f"SFT pass@1 ≥ {TARGETS['sft_min']} {'met' if met['sft'] else 'NOT met'}; RL − SFT ≥ +{TARGETS['gain_min']:.2f} "
+    lines += ["", f"Targets on every seed (✗ marks a miss): wall ≤ {TARGETS['wall_max_s']} s "
+              f"{'met' if met['wall'] else 'NOT met'}; "
+              f"SFT pass@1 ≥ {TARGETS['sft_min']} {'met' if met['sft'] else 'NOT met'}; "
+              f"RL − SFT ≥ +{TARGETS['gain_min']:.2f} "
               f"{'met' if met['gain'] else 'NOT met'}; unseen ≥ {TARGETS['unseen_ratio_min']}× test "
               f"{'met' if met['unseen'] else 'NOT met'}."]
     return "\n".join(lines) + "\n"
@@ -133,12 +141,16 @@ def ratio_table(record: dict, other: dict) -> str:
     """``ratio avx2/default`` of the wall and each stage, for the seeds both records hold (and their sums)."""
     avx2, default = (record, other) if record["kernels"] == "avx2" else (other, record)
     columns = ("wall", *STAGE_NAMES)
-    seconds = lambda entry: [entry["wall_s"], *(entry["stages_s"].get(name, 0.0) for name in STAGE_NAMES)]
+
+    def seconds(entry):
+        return [entry["wall_s"], *(entry["stages_s"].get(name, 0.0) for name in STAGE_NAMES)]
+
     by_seed = {e["seed"]: seconds(e) for e in default["seeds"]}
     rows = [(str(e["seed"]), seconds(e), by_seed[e["seed"]]) for e in avx2["seeds"] if e["seed"] in by_seed]
     if not rows:
         return "ratio avx2/default: no seed in both records yet\n"
-    rows.append(("all", [sum(col) for col in zip(*(r[1] for r in rows))], [sum(col) for col in zip(*(r[2] for r in rows))]))
+    rows.append(("all", [sum(col) for col in zip(*(r[1] for r in rows))],
+                 [sum(col) for col in zip(*(r[2] for r in rows))]))
     lines = ["", "| seed | " + " | ".join(f"ratio avx2/default: {name}" for name in columns) + " |",
              "|" + "---|" * (len(columns) + 1)]
     for seed, a_row, d_row in rows:
@@ -161,7 +173,8 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="the record's folder (runs, caches, logs, record.json/.md)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the record's folder (runs, caches, logs, record.json/.md)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--kernels", choices=("avx2", "default"), default="avx2")
     parser.add_argument("--unseen-seed", type=int, default=7, help="task.seed of the world the RL models never saw")

@@ -76,7 +76,9 @@ def mean_interval(values: list[float]) -> str:
 
 
 def table(entries: list[dict], overrides: list[str]) -> str:
-    mark = lambda ok: "" if ok else " ✗"
+    def mark(ok):
+        return "" if ok else " ✗"
+
     lines = [f"Machine: {machine()}; commit {', '.join(sorted({e['commit'] for e in entries}))}; "
              f"overrides: {' '.join(overrides) or 'none'}", "",
              "| seed | wall | CPU | task+model+SFT | SFT eval | RL+eval | SFT EM (F1) | RL EM (F1) | Δ EM "
@@ -88,9 +90,11 @@ def table(entries: list[dict], overrides: list[str]) -> str:
             + " | ".join(f"{st[s]:.0f} s" if s in st else "–" for s in ("task+model+SFT", "SFT eval", "RL+eval"))
             + f" | {sft['em']:.3f}{mark(ok['sft'])} ({sft['f1']:.3f}) | {rl['em']:.3f} ({rl['f1']:.3f}) | "
             f"{rl['em'] - sft['em']:+.3f}{mark(ok['gain'])} | {tr['em']:.3f} "
-            f"({rl['em'] / tr['em'] if tr['em'] else float('nan'):.2f}×){mark(ok['held_out'])} | {e['peak_rss_gb']:.2f} GB |")
+            f"({rl['em'] / tr['em'] if tr['em'] else float('nan'):.2f}×){mark(ok['held_out'])} | "
+            f"{e['peak_rss_gb']:.2f} GB |")
     levels = sorted({level for e in entries for stage in ("sft", "rl") for level in e[stage]["by_difficulty"]}, key=int)
-    lines += ["", "Held-out universes, by difficulty: mean over seeds ± 95% t-interval (questions per seed in brackets)", "",
+    lines += ["", "Held-out universes, by difficulty: mean over seeds ± 95% t-interval "
+              "(questions per seed in brackets)", "",
               "| difficulty | SFT EM | SFT F1 | RL EM | RL F1 |", "|---|---|---|---|---|"]
     for level in levels:
         cells = [mean_interval([e[stage]["by_difficulty"][level][metric] for e in entries])
@@ -101,18 +105,23 @@ def table(entries: list[dict], overrides: list[str]) -> str:
                                           for stage in ("sft", "rl") for metric in ("em", "f1")) + " |")
     met = {name: all(checks(e)[name] for e in entries) for name in ("sft", "gain", "held_out")}
     lines += ["", f"Targets on every seed (✗ marks a miss): SFT EM ≥ {TARGETS['sft_min']} "
-              f"{'met' if met['sft'] else 'NOT met'}; RL − SFT ≥ +{TARGETS['gain_min']:.2f} {'met' if met['gain'] else 'NOT met'}; "
-              f"held-out ≥ {TARGETS['held_out_ratio_min']}× the training universe {'met' if met['held_out'] else 'NOT met'}; "
-              f"≤ {TARGETS['wall_max_s']} s on a quiet 2-core machine: compare the CPU column (the wall of a shared machine is "
+              f"{'met' if met['sft'] else 'NOT met'}; RL − SFT ≥ +{TARGETS['gain_min']:.2f} "
+              f"{'met' if met['gain'] else 'NOT met'}; "
+              f"held-out ≥ {TARGETS['held_out_ratio_min']}× the training universe "
+              f"{'met' if met['held_out'] else 'NOT met'}; "
+              f"≤ {TARGETS['wall_max_s']} s on a quiet 2-core machine: compare the CPU column "
+              "(the wall of a shared machine is "
               "no record)."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="the record's folder (runs, caches, logs, seed<s>.json)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the record's folder (runs, caches, logs, seed<s>.json)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--table-only", action="store_true", help="run nothing: rebuild record.md from the seeds recorded")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: rebuild record.md from the seeds recorded")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every seed's train and eval (none: the recipe)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         parser.error(f"{args.compare_dir / 'compare.json'} has no finished runs")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    name = lambda what: args.out_dir / f"{args.prefix}_{what}.png"
+
+    def name(what):
+        return args.out_dir / f"{args.prefix}_{what}.png"
+
     for path in (plot_curves(runs, name("curves")), plot_branches(runs, name("branches")),
                  plot_hops(runs, sft, name("hops"))):
         if path is not None:

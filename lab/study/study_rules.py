@@ -45,7 +45,8 @@ def gate(eval_result: dict) -> dict:
                "by_hops": hops, **{key: m.get(key) for key in ("calls_per_correct", "tool_productivity",
                                                                  "excess_calls/mean", "entropy/token_mean")}}
     criteria = {
-        f"pass@1 in [{GATE['pass@1_min']}, {GATE['pass@1_max']}]": GATE["pass@1_min"] <= m["pass@1"] <= GATE["pass@1_max"],
+        f"pass@1 in [{GATE['pass@1_min']}, {GATE['pass@1_max']}]":
+            GATE["pass@1_min"] <= m["pass@1"] <= GATE["pass@1_max"],
         f"pass@{m['k']} - pass@1 >= {GATE['gap_min']}": figures["gap"] >= GATE["gap_min"],
         f"{top}-hop pass@1 >= {GATE['top_hop_pass@1_min']}": hops[top]["pass@1"] >= GATE["top_hop_pass@1_min"],
         f"tool calls per answer >= {GATE['calls_min']}": m["tool_calls/mean"] >= GATE["calls_min"],
@@ -97,7 +98,8 @@ def preserved(steps: dict[int, dict]) -> dict:
     values = [r.get("actor/grad_preserved_frac") for _, r in sorted(steps.items())]
     mean = math.fsum(values) / len(values) if values and all(_finite(v) for v in values) else None
     return {"figures": {"steps_logged": len(values), "grad_preserved_frac_mean": mean},
-            "criteria": {f"mean actor/grad_preserved_frac >= {PRESERVED_MIN}": mean is not None and mean >= PRESERVED_MIN},
+            "criteria": {f"mean actor/grad_preserved_frac >= {PRESERVED_MIN}":
+                         mean is not None and mean >= PRESERVED_MIN},
             "meets": mean is not None and mean >= PRESERVED_MIN}
 
 
@@ -122,7 +124,8 @@ def paired(runs: dict[str, list[dict]], arm: str, other: str, column: str) -> di
     mean = math.fsum(values) / n
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    p = 1.0 if sd == 0 and mean == 0 else 0.0 if sd == 0 else float(2 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1))
+    p = (1.0 if sd == 0 and mean == 0 else 0.0 if sd == 0
+         else float(2 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1)))
     return {**out, "mean": mean, "low": mean - half, "high": mean + half, "p": p}
 
 
@@ -209,7 +212,8 @@ def verdicts(runs: dict[str, list[dict]]) -> list[dict]:
     verdict = ("confirmed" if t["low"] is not None and t["low"] > 0
                else "refuted" if t["high"] is not None and t["high"] < SESOI else "inconclusive")
     add("G", t, verdict, arpo_entropy_leverage=leverage,
-        note="entropy leverage < 0.05: a finding about the entropy scale" if leverage is not None and leverage < 0.05 else None)
+        note=("entropy leverage < 0.05: a finding about the entropy scale"
+              if leverage is not None and leverage < 0.05 else None))
     # T2: fewer excess calls at inference, at no loss of accuracy
     for arm, other in (("aepo", "arpo"), ("aepo", "grpo")):
         t, acc = paired(runs, arm, other, "excess_calls"), paired(runs, arm, other, "pass@1")
@@ -231,11 +235,15 @@ def verdicts(runs: dict[str, list[dict]]) -> list[dict]:
 
 
 def verdict_table(results: list[dict]) -> str:
-    fmt = lambda v: "–" if v is None else f"{v:+.4f}"
-    lines = ["| claim | comparison | metric | seeds | mean | 95% CI | p | verdict |", "|---|---|---|---|---|---|---|---|"]
+    def fmt(v):
+        return "–" if v is None else f"{v:+.4f}"
+
+    lines = ["| claim | comparison | metric | seeds | mean | 95% CI | p | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['claim']} | {r['arm']} − {r['other']} | {r['column']} | {r['n']} | {fmt(r['mean'])} | "
-                     f"[{fmt(r['low'])}, {fmt(r['high'])}] | {'–' if r['p'] is None else format(r['p'], '.4f')} | {r['verdict']} |")
+                     f"[{fmt(r['low'])}, {fmt(r['high'])}] | {'–' if r['p'] is None else format(r['p'], '.4f')} | "
+                     f"{r['verdict']} |")
     return "\n".join(lines) + "\n"
 
 

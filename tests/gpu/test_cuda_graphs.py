@@ -35,7 +35,8 @@ def test_graphs_replay_the_eager_step(tiny_tokenizer, dtype):
     for g, e, d in zip(*runs, strict=True):
         assert g.token_ids == e.token_ids
         for name in ("logprobs", "entropies"):
-            torch.testing.assert_close(torch.tensor(getattr(g, name)), torch.tensor(getattr(e, name)), atol=2e-2, rtol=0)
+            torch.testing.assert_close(torch.tensor(getattr(g, name)), torch.tensor(getattr(e, name)),
+                                       atol=2e-2, rtol=0)
         if dtype == torch.float32:
             assert g.token_ids == d.token_ids
             torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(d.logprobs), atol=1e-4, rtol=0)
