@@ -23,7 +23,7 @@ import sys
 
 from aepo_rl import __version__
 from aepo_rl.config import PRESETS, Config, ConfigError, load_config, parse_overrides, set_key
-from aepo_rl.errors import UserError, check_writable, os_error_message
+from aepo_rl.errors import UserError, check_writable, import_extra, os_error_message
 from aepo_rl.registry import load_plugins
 
 
@@ -146,6 +146,8 @@ def cmd_verl_data(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_search(args: argparse.Namespace) -> int:
+    for module in ("fastapi", "uvicorn"):
+        import_extra(module, "server", "aepo serve-search")
     from aepo_rl.tools.server import serve_main
 
     return serve_main(corpus=args.corpus, host=args.host, port=args.port, topk=args.topk, seed=args.seed)

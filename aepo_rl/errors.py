@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -25,6 +26,15 @@ class UserError(Exception):
 class MissingExtraError(UserError, ModuleNotFoundError):
     """An optional dependency is not installed; the message names the ``pip install -e '.[extra]'`` to run in the
     aepo-rl clone."""
+
+
+def import_extra(module: str, extra: str, what: str):
+    """``module`` imported, or a :class:`MissingExtraError` saying that ``what`` needs it and which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtraError(f"{what} needs {module.split('.')[0]}: pip install -e '.[{extra}]' in the aepo-rl "
+                                "clone") from None
 
 
 class EndpointError(UserError, ConnectionError):

@@ -194,9 +194,10 @@ the trainer subtracts ``kl_coef``·KL from the token rewards)."""
 TOOLS = Registry("tool", "aepo_rl.tools")
 """Factories ``(**options) -> Tool``; no capabilities."""
 
-REWARDS = Registry("reward", "aepo_rl.rewards", vocabulary=("judge",), binary=False)
+REWARDS = Registry("reward", "aepo_rl.rewards", vocabulary=("judge",), binary=False, extra=None)
 """binary: the reward is 1 exactly when the answer is right, so ``correct`` (pass@k) reads it;
-needs ``judge``: the entry is a factory ``(judge_url, judge_model, **options) -> reward``."""
+needs ``judge``: the entry is a factory ``(judge_url, judge_model, **options) -> reward``; extra: ``(module,
+extra)`` when the reward imports an optional package (``get_reward`` refuses it, naming the extra, when missing)."""
 
 TASKS = Registry("task", "aepo_rl.tasks")
 """Factories ``(cfg: Config) -> Task``; no capabilities."""

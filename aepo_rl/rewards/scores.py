@@ -25,6 +25,7 @@ import string
 from typing import Callable
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.errors import import_extra
 from aepo_rl.protocol import answer_block, format_error, last_boxed, model_text, tools_used
 from aepo_rl.registry import REWARDS, register_reward
 
@@ -142,7 +143,7 @@ def answer_list_f1_reward(response: str, answers: list[str], question: str = "")
     return answer_list_scores(extract_answer(response), answers)["f1"]
 
 
-@register_reward("math", binary=True)
+@register_reward("math", binary=True, extra=("math_verify", "math"))
 def math_reward(response: str, answers: list[str], question: str = "") -> float:
     r"""1 if the ``\boxed{}`` answer is mathematically equivalent to a gold answer (math-verify)."""
     from math_verify import parse, verify
@@ -168,6 +169,8 @@ def get_reward(name: str, *, judge_url: str | None = None, judge_model: str = Ta
     exact_match, math, llm_judge or one of yours. A reward that needs a judge (llm_judge) is built
     for ``judge_url`` and ``judge_model``, once per endpoint and model unless ``judge_options`` are given."""
     reward = REWARDS.lookup(name)
+    if extra := REWARDS.capabilities(name)["extra"]:
+        import_extra(*extra, f"reward '{name}'")
     if not REWARDS.needs(name, "judge"):
         return reward
     if not judge_url:

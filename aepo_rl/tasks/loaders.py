@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aepo_rl.config import TaskConfig
+from aepo_rl.errors import import_extra
 from aepo_rl.jsonl import JsonlError, read_jsonl
 from aepo_rl.rewards import WeightedRewards
 from aepo_rl.tasks.base import Example
@@ -73,7 +74,7 @@ def read_rows(path: str | Path) -> list[tuple[str, dict]]:
     if not path.is_file():
         raise DatasetError(f"data file {path} does not exist")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        pq = import_extra("pyarrow.parquet", "parquet", f"reading {path}")
 
         try:
             rows = [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), start=1)]

@@ -61,9 +61,15 @@ class RunLogger:
             atomic_write_text(self.warnings_path, "".join(line + "\n" for line in kept))
         self._tb = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.console.print("trainer.tensorboard is on but tensorboard is not installed: pip install -e "
+                                   "'.[tensorboard]' in the aepo-rl clone, or set trainer.tensorboard=false "
+                                   "(continuing without event files; metrics.jsonl has every metric)",
+                                   style="yellow", markup=False)
+            else:
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         self._wandb = None
         if wandb_project:
             try:

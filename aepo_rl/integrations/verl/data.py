@@ -23,7 +23,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from aepo_rl.config import Config, TaskConfig
-from aepo_rl.errors import UserError
+from aepo_rl.errors import UserError, import_extra
 from aepo_rl.tasks.base import Example
 
 TRAIN_AGENT, VAL_AGENT = "aepo_tree", "aepo_chain"
@@ -74,8 +74,8 @@ def write_verl_data(cfg: Config, out_dir: str | Path) -> tuple[dict[str, Path], 
     """Write ``train.parquet`` and ``val.parquet`` of ``cfg.task`` under ``out_dir``; their paths, and the task config
     the agent loop gets, whose files are in ``out_dir`` and named ``$DATA/<file>`` (a file task reads its questions
     back from the two parquet files; a corpus file is copied beside them)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = import_extra("pyarrow", "parquet", "aepo verl-data")
+    pq = import_extra("pyarrow.parquet", "parquet", "aepo verl-data")
 
     from aepo_rl.tasks import get_task
 
