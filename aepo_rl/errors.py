@@ -29,7 +29,8 @@ class MissingExtraError(UserError, ModuleNotFoundError):
 
 
 def import_extra(module: str, extra: str, what: str):
-    """``module`` imported, or a :class:`MissingExtraError` saying that ``what`` needs it and which extra installs it."""
+    """``module`` imported, or a :class:`MissingExtraError` saying that ``what`` needs it and which extra
+    installs it."""
     try:
         return importlib.import_module(module)
     except ImportError:
