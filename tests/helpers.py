@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -415,3 +418,25 @@ TINY_UNIVERSES = {"task.name": "phantomwiki", "task.phantomwiki_num_trees": 2, "
                   "task.phantomwiki_questions_per_template": 1, "task.phantomwiki_train_questions_per_template": 3,
                   "task.search_topk": 3, "task.search_max_chars": 400}
 
+
+
+def frozen_study(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str, Path, Path]:
+    """A study runner's world: a frozen checkout (a one-commit git repository of ``files``), its commit, and a
+    PYTHON that records each `-m aepo_rl ARGS` as one line of the calls file and runs anything else with this
+    Python. Returns ``(src, commit, python, calls)``."""
+    src = tmp_path / "src"
+    for name, text in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(src)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "frozen"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; '
+                    f'echo "$*" >> {calls}; exit 0; fi\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    return src, commit, fake, calls

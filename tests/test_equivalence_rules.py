@@ -7,11 +7,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import frozen_study
 
 ROOT = Path(__file__).parents[1]
 HERE = ROOT / "lab" / "equivalence"
@@ -147,20 +147,8 @@ def test_the_preregistration_states_the_rules_constants():
 @pytest.fixture
 def study(tmp_path):
     """A frozen one-commit checkout, a study folder, and a PYTHON recording `-m aepo_rl ARGS`."""
-    src, out = tmp_path / "src", tmp_path / "study"
-    src.mkdir()
-    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(src)], check=True)
-    (src / "lab" / "equivalence").mkdir(parents=True)
-    (src / "lab" / "equivalence" / "preregistration.md").write_text("x")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "frozen"], check=True)
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; '
-                    f'echo "$*" >> {calls}; exit 0; fi\n'
-                    f'exec {sys.executable} "$@"\n')
-    fake.chmod(0o755)
+    src, _, fake, calls = frozen_study(tmp_path, {"lab/equivalence/preregistration.md": "x"})
+    out = tmp_path / "study"
     env = {**os.environ, "SRC": str(src), "STUDY": str(out), "PYTHON": str(fake)}
     return {"src": src, "out": out, "calls": calls, "env": env}
 

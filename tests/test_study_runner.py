@@ -5,10 +5,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import frozen_study
 
 ROOT = Path(__file__).parents[1]
 RUNNER = ROOT / "lab" / "study" / "run.sh"
@@ -19,25 +19,13 @@ OPTIMIZER = "trainer.mini_batch_size=1 trainer.ppo_epochs=2 trainer.lr=3e-4"
 def study(tmp_path):
     """A frozen checkout (a one-commit git repository), a study folder after phase 1 and registration, and a
     PYTHON that records `-m aepo_rl ARGS` (one line per call) and runs everything else with this Python."""
-    src, out = tmp_path / "src", tmp_path / "study"
-    src.mkdir()
-    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(src)], check=True)
-    (src / "f").write_text("x")
-    subprocess.run([*git, "add", "f"], check=True)
-    subprocess.run([*git, "commit", "-qm", "frozen"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    src, commit, fake, calls = frozen_study(tmp_path, {"f": "x"})
+    out = tmp_path / "study"
     (out / "phase1").mkdir(parents=True)
     (out / "commit.txt").write_text(commit + "\n")
     (out / "preregistration.txt").write_text("f3bea550996525b2620a9281e947afcd2afe9633\n")
     (out / "phase1" / "decision.json").write_text(json.dumps({"chosen": "C7"}))
     (out / "phase1" / "optimizer.txt").write_text(OPTIMIZER + "\n")
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/usr/bin/env bash\nif [[ $1 == -m && $2 == aepo_rl ]]; then shift 2; '
-                    f'echo "$*" >> {calls}; exit 0; fi\n'
-                    f'exec {sys.executable} "$@"\n')
-    fake.chmod(0o755)
     env = {**os.environ, "SRC": str(src), "STUDY": str(out), "PYTHON": str(fake), "POLL": "0.1"}
     return {"src": src, "out": out, "calls": calls, "env": env}
 
