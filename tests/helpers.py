@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -440,3 +441,30 @@ def frozen_study(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str, Path
                     f'exec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     return src, commit, fake, calls
+
+
+# The search tool's hand corpus: each query's one relevant page (tests/test_search.py, test_search_server.py).
+HAND_CORPUS = [
+    {"id": "volcano", "title": "Mount Vesuvius",
+     "text": "A volcano near Naples whose eruption in 79 AD buried Pompeii."},
+    {"id": "violin", "title": "Stradivarius",
+     "text": "Violins crafted by Antonio Stradivari in Cremona are prized by musicians."},
+    {"id": "glacier", "title": "Perito Moreno Glacier", "text": "An advancing glacier of ice in Patagonia, Argentina."},
+    {"id": "chess", "title": "Queen's Gambit", "text": "A chess opening in which White offers a pawn sacrifice."},
+    {"id": "coffee", "title": "Espresso", "text": "Coffee brewed by forcing hot water through finely ground beans."},
+    {"id": "rocket", "title": "Saturn V", "text": "The rocket that launched the Apollo missions to the Moon."},
+    {"id": "tulip", "title": "Tulip mania", "text": "A speculative bubble in Dutch tulip bulb prices in the 1630s."},
+    {"id": "whale", "title": "Blue whale", "text": "The largest animal ever known, a marine mammal feeding on krill."},
+]
+HAND_QUERIES = {
+    "volcano that buried Pompeii": "volcano", "violin maker from Cremona": "violin",
+    "glaciers in Patagonia": "glacier", "chess opening pawn sacrifice": "chess",
+    "how is espresso coffee brewed": "coffee", "rocket of the Apollo moon missions": "rocket",
+    "Dutch tulip bubble": "tulip", "largest animal eating krill": "whale",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import build_tiny_model
 
 from aepo_rl.models.copy_warmup import (
     COPY_LENGTHS,
@@ -11,7 +12,6 @@ from aepo_rl.models.copy_warmup import (
     repeated_half,
     repeated_half_accuracy,
 )
-from tests.conftest import build_tiny_model
 
 
 def test_copy_batch_rows_are_a_random_sequence_twice():

@@ -3,6 +3,8 @@ line before any work (docs/architecture.md, Contracts): TensorBoard, the search 
 parquet files."""
 
 import json
+import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -69,3 +71,16 @@ def test_a_run_without_tensorboard_says_so_and_goes_on(monkeypatch, tmp_path):
         logger.log(1, {"actor/pg_loss": 0.5})
     assert not (tmp_path / "tensorboard").exists()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["actor/pg_loss"] == 0.5
+
+
+def test_every_test_module_collects_without_the_extras():
+    """.ci/run's vLLM and verl venvs install the core alone and collect every test module before `-m vllm` or
+    `-m verl` selects: a module that imports an extra (or a [dev]-only package) at its top stops their run."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dev = [*extras["dev"][1:], *(p for name in EXTRAS for p in extras[name])]
+    modules = sorted({re.split(r"[<>=\[ ]", p)[0].replace("-", "_") for p in dev} - {"pytest", "ruff"})
+    assert {"pyarrow", "fastapi", "uvicorn", "tensorboard", "math_verify", "trl", "datasets"} <= set(modules)
+    code = (f"import sys\nfor m in {modules!r}: sys.modules[m] = None\nimport pytest\n"
+            "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"hidden {modules}:\n{result.stdout[-4000:]}"

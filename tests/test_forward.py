@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import build_tiny_model
 
 from aepo_rl.models import enable_gradient_checkpointing
 from aepo_rl.models.forward import (
@@ -13,7 +14,6 @@ from aepo_rl.models.forward import (
     packed_hidden,
     recomputes_layers,
 )
-from tests.conftest import build_tiny_model
 
 
 def test_common_prefix_length_counts_the_leading_positions_all_rows_share():

@@ -3,8 +3,6 @@
 import json
 from types import SimpleNamespace
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from aepo_rl.config import ConfigError, load_config
@@ -16,6 +14,14 @@ from aepo_rl.tasks.loaders import DatasetError, default_reward, eval_set_name, l
 VERL_ROW = {"data_source": "hotpotqa", "prompt": [{"role": "user", "content": "Who wrote Velmora?"}],
             "ability": "qa", "reward_model": {"style": "rule", "ground_truth": ["Ada Korrin", "A. Korrin"]},
             "extra_info": {"index": 7}}
+
+
+def write_parquet(path, rows):
+    """A parquet file of ``rows`` (pyarrow is the [parquet] extra; without it the test skips)."""
+    pa = pytest.importorskip("pyarrow", reason="parquet files are the [parquet] extra: pip install -e '.[parquet]'")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
 
 
 def write_jsonl(path, rows):
@@ -36,7 +42,7 @@ def test_verl_parquet_keeps_its_own_system_prompt(tmp_path):
     row = {**VERL_ROW, "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}],
            "reward_model": {"style": "rule", "ground_truth": "42"}}
     path = tmp_path / "data.parquet"
-    pq.write_table(pa.Table.from_pylist([row, row]), path)
+    write_parquet(path, [row, row])
     examples = load_examples([str(path)], "val")
     assert len(examples) == 2 and examples[1].id == "data-val-1"
     assert examples[0].messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}]
@@ -78,8 +84,7 @@ def test_data_errors_count_lines_and_rows_from_1(tmp_path):
     with pytest.raises(DatasetError, match=r"rows\.jsonl:3: missing field 'answer'"):  # the blank line counts
         load_examples([path], "train")
     table = tmp_path / "rows.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": "ok", "answer": "ok"}, {"question": "Q?", "answer": None}]),
-                   table)
+    write_parquet(table, [{"question": "ok", "answer": "ok"}, {"question": "Q?", "answer": None}])
     with pytest.raises(DatasetError, match=r"rows\.parquet row 2: missing field 'answer'"):
         load_examples([str(table)], "train")
 

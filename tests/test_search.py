@@ -1,24 +1,18 @@
-"""Search tool: BM25 index and its disk cache, formatting, corpora, the HTTP server, bad input."""
+"""Search tool: BM25 index and its disk cache, formatting, corpora, bad input (its HTTP server: test_search_server)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
+from helpers import HAND_CORPUS, HAND_QUERIES, free_port
 
 from aepo_rl.tools import CorpusError, SearchIndex, get_tool, load_corpus
 from aepo_rl.tools.corpus import corpus_sha256
 from aepo_rl.tools.search import Hit, format_results
-from aepo_rl.tools.server import create_app, serve_main
 
 FRUIT = [
     {"id": "a", "title": "Apple", "text": "apple apple banana"},
@@ -26,55 +20,9 @@ FRUIT = [
     {"id": "c", "title": "Cherry", "text": "cherry date"},
 ]
 
-HAND_CORPUS = [
-    {"id": "volcano", "title": "Mount Vesuvius",
-     "text": "A volcano near Naples whose eruption in 79 AD buried Pompeii."},
-    {"id": "violin", "title": "Stradivarius",
-     "text": "Violins crafted by Antonio Stradivari in Cremona are prized by musicians."},
-    {"id": "glacier", "title": "Perito Moreno Glacier", "text": "An advancing glacier of ice in Patagonia, Argentina."},
-    {"id": "chess", "title": "Queen's Gambit", "text": "A chess opening in which White offers a pawn sacrifice."},
-    {"id": "coffee", "title": "Espresso", "text": "Coffee brewed by forcing hot water through finely ground beans."},
-    {"id": "rocket", "title": "Saturn V", "text": "The rocket that launched the Apollo missions to the Moon."},
-    {"id": "tulip", "title": "Tulip mania", "text": "A speculative bubble in Dutch tulip bulb prices in the 1630s."},
-    {"id": "whale", "title": "Blue whale", "text": "The largest animal ever known, a marine mammal feeding on krill."},
-]
-HAND_QUERIES = {
-    "volcano that buried Pompeii": "volcano", "violin maker from Cremona": "violin",
-    "glaciers in Patagonia": "glacier", "chess opening pawn sacrifice": "chess",
-    "how is espresso coffee brewed": "coffee", "rocket of the Apollo moon missions": "rocket",
-    "Dutch tulip bubble": "tulip", "largest animal eating krill": "whale",
-}
-
-
 def write_jsonl(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@contextlib.contextmanager
-def serving(app: FastAPI):
-    """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_bm25_scores_match_hand_computation(tmp_path):
@@ -174,30 +122,6 @@ def test_search_batch_is_thread_safe(tmp_path):
     assert tool.search_batch(queries) == serial
 
 
-def test_http_server_and_in_process_index_rank_alike(tmp_path):
-    index = SearchIndex(HAND_CORPUS, cache_dir=tmp_path)
-    local = get_tool("search", corpus=HAND_CORPUS, cache_dir=tmp_path, topk=3)
-    queries = [*HAND_QUERIES, "the", "Apollo Pompeii glacier", "zzzz"]
-    with serving(create_app(index, topk=3)) as url:
-        assert httpx.get(f"{url}/health").json() == {"status": "ok", "documents": 8, "corpus_sha256": index.sha256}
-        body = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 5, "return_scores": True}).json()
-        expected = index.search(queries, 5)
-        assert ([[item["document"]["id"] for item in row] for row in body["result"]]
-                == [[h.id for h in row] for row in expected])
-        assert ([[item["score"] for item in row] for row in body["result"]]
-                == [[h.score for h in row] for row in expected])
-        assert body["result"][0][0]["document"]["contents"] == "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]
-        bare = httpx.post(f"{url}/retrieve", json={"queries": queries[:1]}).json()["result"]
-        assert bare[0][0] == {"id": "volcano", "contents": "Mount Vesuvius\n" + HAND_CORPUS[0]["text"]}
-        assert httpx.post(f"{url}/retrieve", json={"queries": "not a list"}).status_code == 422
-        huge = httpx.post(f"{url}/retrieve", json={"queries": ["volcano " * 200_000], "topk": 1}, timeout=30)
-        assert huge.status_code == 200 and huge.json()["result"][0][0]["id"] == "volcano"
-        remote = get_tool("search", url=url, topk=3)
-        assert remote.search_batch(queries) == [local.run(q) for q in queries]
-        assert remote.run(queries[0]) == local.run(queries[0])
-        assert remote.stats == {"calls": len(queries) + 1, "errors": 0, "cache_hits": 1}
-
-
 def test_server_down_returns_error_after_retries(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     tool = get_tool("search", url=url, retries=2, backoff=0.05, timeout=1.0)
@@ -209,50 +133,9 @@ def test_server_down_returns_error_after_retries(tmp_path):
     assert tool.stats == {"calls": 2, "errors": 2, "cache_hits": 0}
 
 
-def test_client_retries_server_errors_then_succeeds():
-    app, answers = FastAPI(), iter([503, 502])
-
-    @app.post("/retrieve")
-    def flaky(request: dict):
-        status = next(answers, 200)
-        if status != 200:
-            raise_status(status)
-        return {"result": [[{"document": {"id": "7", "contents": '"Quoted Title"\nbody text'}, "score": 2.5}]]}
-
-    with serving(app) as url:
-        tool = get_tool("search", url=url + "/retrieve", retries=3, backoff=0.01)
-        assert tool.run("anything") == "Page 1: Quoted Title — body text"
-    assert tool.stats["errors"] == 0
-
-
-def test_invalid_server_answer_is_an_error_text():
-    app = FastAPI()
-
-    @app.post("/retrieve")
-    def wrong_shape(request: dict):
-        return {"result": []}
-
-    with serving(app) as url:
-        tool = get_tool("search", url=url, retries=0)
-        assert tool.run("q") == f"Error: search failed: {url}/retrieve answered 0 result lists for 1 queries"
-    assert tool.stats == {"calls": 1, "errors": 1, "cache_hits": 0}
-
-
-def raise_status(status: int):
-    from fastapi import HTTPException
-
-    raise HTTPException(status_code=status)
-
-
 def test_search_tool_needs_a_corpus_or_url():
     with pytest.raises(ValueError, match="corpus"):
         get_tool("search")
-
-
-def test_serve_main_reports_a_bad_corpus(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "bad.jsonl", ["not json"])
-    assert serve_main(str(path), port=free_port(), cache_dir=str(tmp_path)) == 2
-    assert "bad.jsonl:1: malformed JSON" in capsys.readouterr().err
 
 
 def test_wiki_corpus_and_its_missing_package_error(tmp_path, monkeypatch):
