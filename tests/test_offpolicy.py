@@ -437,6 +437,21 @@ def test_far_off_policy_warns_once_for_the_c7_regime_and_not_for_the_normal_ones
     assert _fired([C7, C7, DEFAULTS, C7, C7] + [DEFAULTS] * 5) == []  # not 3 steps running
 
 
+def test_with_the_guard_on_the_warning_says_so_instead_of_proposing_it():
+    """The guarded C7 runs (lab/notebook.md) still warned: the message names the guard and the share it cut."""
+    guarded = RunHealth(target_kl=0.02)
+    cut = {**C7, "actor/early_stop_frac": 0.5}
+    messages = [message for step in (1, 2, 3) for _, message in guarded.check(step, cut)]
+    assert len(messages) == 1 and "trainer.target_kl=0.02 is on, leaving out 50% of this step's mini-batches" \
+        in messages[0] and "(e.g. 0.02)" not in messages[0] and "trainer.ppo_epochs=1" in messages[0]
+    health = RunHealth()
+    unguarded = [message for step in (1, 2, 3) for _, message in health.check(step, C7)]
+    assert "trainer.target_kl (e.g. 0.02)" in unguarded[0]
+    climbing = RunHealth(target_kl=0.02)
+    messages = [m for i in range(10) for kind, m in climbing.check(i, {**DEFAULTS, "actor/entropy": 0.3 + 0.03 * i})]
+    assert len(messages) == 1 and "entropy climbing" in messages[0] and "target_kl=0.02 is on" in messages[0]
+
+
 def test_no_signal_warns_after_steps_of_equal_scores_or_zero_gradients():
     flat = {**DEFAULTS, "rollout/informative_group_frac": 0.0}
     assert _fired([flat] * 4) == [(3, "no_signal")]

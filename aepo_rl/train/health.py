@@ -29,6 +29,7 @@ class RunHealth:
     ppo_kl: float = 0.02
     mismatch_kl: float = 0.001
     entropy_window: int = 10
+    target_kl: float | None = None
     fired: set[str] = field(default_factory=set)
     streaks: dict[str, int] = field(default_factory=dict)
     entropies: deque = field(default_factory=deque)
@@ -37,7 +38,7 @@ class RunHealth:
     def from_config(cls, trainer) -> RunHealth:
         """From ``cfg.trainer`` (a TrainerConfig)."""
         return cls(trainer.warn_steps, trainer.warn_clipfrac, trainer.warn_ppo_kl, trainer.warn_mismatch_kl,
-                   trainer.warn_entropy_window)
+                   trainer.warn_entropy_window, trainer.target_kl)
 
     def check(self, step: int, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """(kind, message) of every warning that fires at ``step`` (each kind once per run)."""
@@ -47,7 +48,7 @@ class RunHealth:
             if message and self.streaks[kind] >= self.warn_steps and kind not in self.fired:
                 self.fired.add(kind)
                 out.append((kind, f"step {step}: {message}"))
-        entropy = self._entropy_trend(metrics.get("actor/entropy"))
+        entropy = self._entropy_trend(metrics)
         if entropy and "entropy" not in self.fired:
             self.fired.add("entropy")
             out.append(("entropy", f"step {step}: {entropy}"))
@@ -69,9 +70,7 @@ class RunHealth:
         if (clip is not None and clip > self.clipfrac) or (kl is not None and kl > self.ppo_kl):
             off_policy = (f"far off-policy for {n} steps: actor/pg_clipfrac {clip or 0:.2%} (warns above "
                           f"{self.clipfrac:.2%}; normal 0.1-0.5%), actor/ppo_kl {kl or 0:.3g} (warns above "
-                          f"{self.ppo_kl:g}): the samples are being reused too hard. Fix: fewer optimizer steps per RL "
-                          "step (trainer.ppo_epochs=1, a larger trainer.mini_batch_size), a lower trainer.lr, or "
-                          "trainer.target_kl (e.g. 0.02) to stop an RL step's updates once they drift that far")
+                          f"{self.ppo_kl:g}): the samples are being reused too hard. {self._reuse_fix(m)}")
         mismatch, k3 = None, m.get("rollout_corr/k3_kl")
         if k3 is not None and k3 > self.mismatch_kl:
             mismatch = (f"training-rollout mismatch for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
@@ -84,9 +83,22 @@ class RunHealth:
                         "them (trainer.bf16, weight sync, algorithm.tempered_logprobs=true for the temperature)")
         return [("no_signal", no_signal), ("off_policy", off_policy), ("mismatch", mismatch)]
 
-    def _entropy_trend(self, entropy: float | None) -> str | None:
+    def _reuse_fix(self, m: dict[str, float]) -> str:
+        """The fix for samples reused too hard; with the target-KL guard on, that the guard is already there and
+        bounds the drift, not its cause (in the C7 runs it raised every seed, none back to its SFT model)."""
+        fix = ("fewer optimizer steps per RL step (trainer.ppo_epochs=1, a larger trainer.mini_batch_size), "
+               "a lower trainer.lr")
+        if self.target_kl is None:
+            return f"Fix: {fix}, or trainer.target_kl (e.g. 0.02) to stop an RL step's updates once they drift that far"
+        cut = m.get("actor/early_stop_frac")
+        cut = f", leaving out {cut:.0%} of this step's mini-batches" if cut is not None else ""
+        return (f"trainer.target_kl={self.target_kl:g} is on{cut}: it stops each step's drift at its bound but not "
+                f"what causes it. Fix: {fix}")
+
+    def _entropy_trend(self, m: dict[str, float]) -> str | None:
         """A message when ``actor/entropy`` halved or grew by half over the window (its last third's mean against
         its first third's), moving that way in at least :data:`ENTROPY_MONOTONE` of its steps."""
+        entropy = m.get("actor/entropy")
         if entropy is None:
             return None
         self.entropies.append(entropy)
@@ -110,6 +122,5 @@ class RunHealth:
             return (f"entropy climbing: actor/entropy rose from {first:.3g} to {last:.3g} (means of {third} steps) "
                     f"over {len(values)} steps; "
                     "in the study's collapsing runs this came with lower-bound clipping from reused samples, "
-                    "flattening the distribution. Fix: fewer optimizer steps per RL step (trainer.ppo_epochs=1, "
-                    "a larger trainer.mini_batch_size), a lower trainer.lr, or trainer.target_kl")
+                    f"flattening the distribution. {self._reuse_fix(m)}")
         return None
