@@ -838,12 +838,20 @@ def check_rollout_correction(cfg: Config) -> None:
                           f"trainer's tempered (rollout.temperature={cfg.rollout.temperature}): set "
                           "rollout.logprobs_mode=processed_logprobs (the engine then records the tempered "
                           "log-probs), or algorithm.tempered_logprobs=false, or turn the correction off")
-    if (cfg.rollout.logprobs_mode != "raw_logprobs" and cfg.rollout.entropy_measure == "surprisal"
-            and cfg.rollout.mode != "independent"):
-        raise ConfigError("rollout.entropy_measure=surprisal reads the engine's recorded log-probs, which "
-                          f"rollout.logprobs_mode={cfg.rollout.logprobs_mode} makes those of the tempered, "
-                          "filtered distribution rather than the policy's (§1.2): set "
-                          "rollout.entropy_measure=full or top10_proxy, or rollout.logprobs_mode=raw_logprobs")
+    if (error := surprisal_logprobs_error(cfg.rollout)) is not None:
+        raise ConfigError(error)
+
+
+def surprisal_logprobs_error(rollout: RolloutConfig) -> str | None:
+    """Why the tree's fork entropy cannot read the engine's recorded log-probs (``rollout.entropy_measure=surprisal``
+    with ``rollout.logprobs_mode=processed_logprobs``), or None."""
+    if (rollout.logprobs_mode == "raw_logprobs" or rollout.entropy_measure != "surprisal"
+            or rollout.mode == "independent"):
+        return None
+    return ("rollout.entropy_measure=surprisal reads the engine's recorded log-probs, which "
+            f"rollout.logprobs_mode={rollout.logprobs_mode} makes those of the tempered, "
+            "filtered distribution rather than the policy's (§1.2): set "
+            "rollout.entropy_measure=full or top10_proxy, or rollout.logprobs_mode=raw_logprobs")
 
 
 def vllm_compilation_config(rollout: RolloutConfig) -> dict | None:

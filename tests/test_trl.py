@@ -319,6 +319,30 @@ def test_tree_rollout_func_in_evaluation_gives_independent_samples(adapter, tiny
     assert out["prompt_ids"][0] == tiny_tokenizer("who founded Velmora?")["input_ids"]
 
 
+def test_tree_rollout_func_records_the_log_probs_trl_compares_with(adapter, tiny_tokenizer, tmp_path):
+    """TRL's own log-probs are of logits / temperature; with logprobs_mode='processed_logprobs' the rollout's are
+    the same distribution's, and TRL's off-policy sequence mask (which compares the two) refuses the raw ones."""
+    config = _config(adapter.AEPOGRPOConfig, tmp_path, num_generations_eval=2, temperature=0.5)
+    trainer = _trainer(adapter.AEPOGRPOTrainer, config, tiny_tokenizer)
+    trainer.model.eval()
+    for mode, scale in (("processed_logprobs", 0.5), ("raw_logprobs", 1.0)):
+        out = adapter.TreeRolloutFunc([EchoSearch()], logprobs_mode=mode)(["who founded Velmora?"] * 2, trainer)
+        for prompt, ids, logprobs, mask in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"],
+                                               out["env_mask"]):
+            with torch.no_grad():
+                logits = trainer.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+            expected = torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+            model_tokens = torch.tensor(mask, dtype=torch.bool)
+            torch.testing.assert_close(torch.tensor(logprobs)[model_tokens], expected[model_tokens], atol=1e-4,
+                                       rtol=1e-4, msg=mode)
+    trainer.args.off_policy_mask_threshold = 0.5
+    with pytest.raises(ValueError, match=r"off_policy_mask_threshold .* logprobs_mode='processed_logprobs'"):
+        adapter.TreeRolloutFunc([EchoSearch()])(["who founded Velmora?"] * 2, trainer)
+    adapter.TreeRolloutFunc([EchoSearch()], logprobs_mode="processed_logprobs")(["who founded Velmora?"] * 2, trainer)
+    with pytest.raises(ValueError, match="TreeRolloutFunc: rollout.entropy_measure=surprisal"):
+        adapter.TreeRolloutFunc([EchoSearch()], logprobs_mode="processed_logprobs", entropy_measure="surprisal")
+
+
 def _half_the_time_a_search(tok, system: str):
     """The tiny model taught, after ``system`` and the docs' question, to open with a search half the time and to
     answer straight away the other half: a policy whose group rewards can differ, like a checkpoint of aepo train."""

@@ -6,7 +6,8 @@ rows becomes one tree of n = ``num_generations`` trajectories (§1.3–§1.5: gl
 tool calls, restarts) grown by :func:`aepo_rl.rollout.tree.run_rollout` over an
 :class:`~aepo_rl.engines.hf.HFEngine` on the trainer's own model; trajectory i of the tree fills
 row i of the block. Token-in, token-out (§1.1): ``prompt_ids`` / ``completion_ids`` are the
-engine's token ids, ``logprobs`` its log-probs (0 on tool tokens), and ``env_mask`` the loss mask
+engine's token ids, ``logprobs`` its log-probs (0 on tool tokens; ``logprobs_mode`` says of which distribution:
+TRL's own are of the tempered one), and ``env_mask`` the loss mask
 (0 on tool-result tokens), which TRL multiplies into its completion mask. Tree metadata goes to
 the reward functions as keyword columns (``aepo_parent_id``, ``aepo_fork_token_index``,
 ``aepo_finish_reason``, ``aepo_num_tool_calls``).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from aepo_rl.config import RolloutConfig
+from aepo_rl.config import RolloutConfig, surprisal_logprobs_error
 from aepo_rl.engines import cpu_decode_threads
 from aepo_rl.engines.hf import HFEngine
 from aepo_rl.protocol import Protocol
@@ -55,6 +56,8 @@ class TreeRolloutFunc:
         if self.rollout.engine != "hf":
             raise ValueError(f"TreeRolloutFunc: rollout.engine={self.rollout.engine!r} is not supported; it generates "
                              "with the trainer's own model (engine 'hf')")
+        if (error := surprisal_logprobs_error(self.rollout)) is not None:
+            raise ValueError(f"TreeRolloutFunc: {error}")
         self.state = RolloutState()
         """Carried across calls (the release's slot-keyed ΔH baselines, §1.4)."""
         self.last_result = None
@@ -77,6 +80,12 @@ class TreeRolloutFunc:
         if args.mask_truncated_completions:
             raise ValueError("TreeRolloutFunc: mask_truncated_completions=True would drop every trajectory that does "
                              "not end with EOS, those ending at </answer> or a call limit included; set it to False")
+        if (args.off_policy_mask_threshold is not None and args.temperature != 1.0
+                and self.rollout.logprobs_mode == "raw_logprobs"):
+            raise ValueError("TreeRolloutFunc: off_policy_mask_threshold compares the rollout's log-probs with TRL's "
+                             f"own, which are of the tempered policy (logits / temperature={args.temperature}), but "
+                             "this rollout records the untempered policy's (logprobs_mode='raw_logprobs'): pass "
+                             "TreeRolloutFunc(..., logprobs_mode='processed_logprobs')")
         if trainer.tools or trainer.environment_factories is not None:
             raise ValueError("TreeRolloutFunc runs the tools itself: pass them to TreeRolloutFunc(tools), not "
                              "tools= / environment_factory= to the trainer")
@@ -116,7 +125,7 @@ class TreeRolloutFunc:
                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
             engine = HFEngine(model, trainer._tokenizer, seed=cfg.seed, cpu_threads=cpu_decode_threads(cfg, model),
-                              cuda_graphs=cfg.cuda_graphs)
+                              cuda_graphs=cfg.cuda_graphs, logprobs_mode=cfg.logprobs_mode)
             result = run_rollout(engine, [(f"p{process}-{b}", prompt) for b, prompt in enumerate(ids)], self.tools,
                                  cfg, state=self.state)
         self.last_result = result
