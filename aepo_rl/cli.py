@@ -323,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verl_data)
 
     p = sub.add_parser("serve-search", parents=[plugin], help="BM25 search server speaking Search-R1's /retrieve API")
-    p.add_argument("--corpus", default="synthetic", help="a JSONL corpus file, 'synthetic' or 'wiki'")
+    p.add_argument("--corpus", default="synthetic",
+                   help="a JSONL corpus file, a registered corpus name ('synthetic' or a plugin's, docs/extending.md) "
+                        "or 'wiki'")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     p.add_argument("--port", type=_count(0), default=8000, help="port to listen on (default 8000)")
     p.add_argument("--topk", type=_count(1), default=3,

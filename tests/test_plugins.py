@@ -23,6 +23,7 @@ from aepo_rl.models import encode_prompt
 from aepo_rl.registry import PluginError, Registry, UnknownNameError, load_plugin, load_plugins
 from aepo_rl.rollout.tree import run_rollout
 from aepo_rl.tasks import get_task
+from aepo_rl.tools import get_tool, load_corpus
 from aepo_rl.train.pipeline import check_rl_engine
 from aepo_rl.train.rl import RLTrainer
 
@@ -193,6 +194,25 @@ def test_plugins_load_by_module_name_and_from_the_entry_point_group(tmp_path, mo
     finally:
         del registry.REWARDS["always_half"], registry.TOOLS["echo"]
         del sys.modules["team_rewards"], sys.modules["team_tools"]
+
+
+def test_a_plugin_corpus_is_searched_and_served_by_its_name(tmp_path):
+    """docs/extending.md: a task's generated pages, registered with register_corpus, reach the search tool (and
+    `aepo serve-search --corpus NAME`, which loads the same load_corpus) by name; the seed picks the world."""
+    plugin = tmp_path / "team_world.py"
+    plugin.write_text(
+        "from aepo_rl.registry import register_corpus\n\n"
+        "@register_corpus('team_world')\ndef team_world(seed):\n"
+        "    return [{'id': f'p{i}', 'title': f'Person {seed}-{i}', 'text': f'born in town {seed * 10 + i}'}\n"
+        "            for i in range(3)]\n")
+    load_plugin(str(plugin))
+    try:
+        tool = get_tool("search", corpus="team_world", seed=2, cache_dir=tmp_path, topk=1)
+        assert tool.run("town 21").startswith("Page 1: Person 2-1")
+        assert [d["title"] for d in load_corpus("team_world", seed=1)] == ["Person 1-0", "Person 1-1", "Person 1-2"]
+    finally:
+        del registry.CORPORA["team_world"]
+        sys.modules.pop("team_world", None)
 
 
 def test_the_cli_accepts_plugins_before_and_after_the_subcommand(capsys):
