@@ -802,7 +802,6 @@ def parse_rs_thresholds(options: list[str], spec: str | float | None) -> dict[st
     return out
 
 
-
 def uses_rollout_log_probs(cfg: Config) -> bool:
     """Whether the update needs the rollout engine's log-probs (any Rollout Correction setting, §2.11)."""
     rc = cfg.algorithm.rollout_correction

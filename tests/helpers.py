@@ -420,7 +420,6 @@ TINY_UNIVERSES = {"task.name": "phantomwiki", "task.phantomwiki_num_trees": 2, "
                   "task.search_topk": 3, "task.search_max_chars": 400}
 
 
-
 def frozen_study(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str, Path, Path]:
     """A study runner's world: a frozen checkout (a one-commit git repository of ``files``), its commit, and a
     PYTHON that records each `-m aepo_rl ARGS` as one line of the calls file and runs anything else with this

@@ -464,7 +464,6 @@ def test_every_run_is_in_the_seed_table(fake_pipeline, tmp_path):
     assert "| aepo | 0.500 / 0.800 | 0.500 / 0.800 | – |" in md
 
 
-
 def test_pairs_and_seed_columns_follow_the_seed_index_when_a_run_is_missing(fake_pipeline, tmp_path):
     cfg = load_config()
     compare_main(cfg, ["grpo", "aepo"], seeds=3, steps=2, out_dir=str(tmp_path))

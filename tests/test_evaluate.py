@@ -183,6 +183,7 @@ def fake_policy_stack(monkeypatch, scripted_rollout, tiny_tokenizer):
     seen = {}
     scripted_rollout([2, 0, 1])
     monkeypatch.setattr(aepo_rl.evaluate, "get_task", lambda cfg: FakeTask(3))
+
     def load_policy(cfg, task):
         seen["cfg"] = cfg
         return "model", tiny_tokenizer

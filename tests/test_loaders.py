@@ -191,6 +191,7 @@ def test_the_evaluation_splits_search_task_val_corpus(tmp_path, monkeypatch, tin
     for split in ("dev", "test", "val"):
         assert "Bo Lind" in task.split_tools(split)["search"].run("Velmora")
     assert task.split_tools("test")["python"] is task.tools()["python"]
+
     class Rolled(Exception):
         pass
 

@@ -71,6 +71,7 @@ def test_tiny_tokenizer_has_tags_chatml_and_sizes(tmp_path):
 
 def test_tiny_tokenizer_copies_are_the_same_tokens_and_decoding_is_lossless(tmp_path):
     _, tok = load_policy(tiny_cfg(tmp_path), TextTask())
+
     def ids(text):
         return tok(text, add_special_tokens=False)["input_ids"]
     name, year = ids(" Ada Korrin"), ids("1874")

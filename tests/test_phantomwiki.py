@@ -29,6 +29,7 @@ from aepo_rl.tasks.phantomwiki import INSTALL, PhantomWikiError, name_parts, par
 
 # ---------------------------------------------------------------- scores: equal to phantom_eval's own
 
+
 @pytest.fixture(scope="module")
 def phantom_eval_score(tmp_path_factory):
     """phantom_eval.score with phantom_eval.constants and phantom_eval.utils, loaded from the installed package's

@@ -20,6 +20,7 @@ FRUIT = [
     {"id": "c", "title": "Cherry", "text": "cherry date"},
 ]
 
+
 def write_jsonl(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return path

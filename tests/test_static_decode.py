@@ -189,6 +189,7 @@ def test_replaced_parameters_drop_the_steps_in_place_updates_keep_them(tiny_toke
 
 def test_decode_path_resolution():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+
     def path(*args):
         resolved = decode_path(*args)
         return resolved.static, resolved.capture, resolved.strict

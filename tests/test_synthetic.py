@@ -147,6 +147,7 @@ def test_teacher_recovers_from_search_noise_by_searching_again():
     task = small_task(search_noise=0.3, max_hops=3, teacher_error_rate=0.0, num_demonstrations=60)
     corpus_words = {w.lower() for d in task.world.corpus for w in re.findall(r"\w+", d["title"] + " " + d["text"])}
     assert not corpus_words & set(RETRY_WORDS)  # a retry word changes the noise draw, not BM25's ranking
+
     def parts(query: str) -> tuple[str, int]:  # the searched name, and which retry (-1: the first search)
         name, _, word = query.rpartition(" ")
         return (name, RETRY_WORDS.index(word)) if word in RETRY_WORDS else (query, -1)

@@ -88,6 +88,7 @@ def test_release_example_per_nat():
     (34 points); a segment of 8 tokens adds 0.2·8/11.93 = 0.134; the mean of aepo-rl before the change
     added 0.2/ln 2048 = 0.026 at the tiny model's vocabulary."""
     vocab = 151_643
+
     def w_delta(tokens, k=20, reduce="sum", v=vocab, measure="top10_proxy"):
         lo, hi = (Segment([1] * tokens, [0.0] * tokens, [h] * tokens, [h] * tokens) for h in (0.7, 1.7))
         return 0.2 * (step_entropy(hi, measure, k, v, reduce) - step_entropy(lo, measure, k, v, reduce))

@@ -31,6 +31,8 @@ from .tensors import masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 """|log-ratio| bound before exp, as verl's (exp(20) ≈ 4.9e8)."""
+
+
 def to_floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     """0-d tensor metrics to floats with one host sync."""
     if not metrics:

@@ -30,6 +30,8 @@ from record_main_job import commit, last_model, machine, run_child, stage_second
 from aepo_rl.compare import mean_ci95, split_entry
 
 TARGETS = {"sft_min": 0.3, "gain_min": 0.10, "held_out_ratio_min": 0.8, "wall_max_s": 600}
+
+
 def scores(entry: dict) -> dict:
     """EM (pass@1), pass@k, F1, tool calls and F1/EM per difficulty of one evaluated split."""
     return {"em": entry["pass@1"], "pass@k": entry["pass@k"], "f1": entry["answer/f1/mean"],

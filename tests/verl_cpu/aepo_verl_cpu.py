@@ -37,6 +37,7 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 # ---------------------------------------------------------------------------------- platform
 
+
 def _noop(*args, **kwargs):
     return None
 
