@@ -158,6 +158,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable(args.out, "--out")
+    probe_files = [path for path in args.runs if path.endswith(".json")]
+    if probe_files and len(probe_files) < len(args.runs):
+        print("aepo report: error: give run folders or `aepo probe --out` JSON files, not both "
+              f"({len(probe_files)} .json of {len(args.runs)})", file=sys.stderr)
+        return 2
+    if probe_files:
+        from aepo_rl.probe_pool import pool_main
+
+        return pool_main(probe_files, out_dir=args.out)
     return report_main(args.runs, out_dir=args.out)
 
 
@@ -333,9 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus")
     p.set_defaults(func=cmd_serve_search)
 
-    p = sub.add_parser("report", parents=[plugin], help="plots and tables from run folders")
-    p.add_argument("runs", nargs="+", help="run folders made by aepo train or aepo compare")
-    p.add_argument("--out", default=None, help="output folder (default <first run>/plots)")
+    p = sub.add_parser("report", parents=[plugin], help="plots and tables from run folders, or one table of "
+                       "`aepo probe --out` files pooled over checkpoints")
+    p.add_argument("runs", nargs="+", help="run folders made by aepo train or aepo compare, or JSON files written by "
+                                           "aepo probe --out (docs/mechanisms.md)")
+    p.add_argument("--out", default=None, help="output folder (default <first run>/plots; probe files: "
+                                               "probes.json there, only when given)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("config", parents=[plugin],

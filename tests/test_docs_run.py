@@ -43,7 +43,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^\s*```(\S*)\s*$")
 NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
-NOT_RUN_BLOCKS = 12  # the blocks marked `<!-- not run: ... -->`; change it with the marks
+NOT_RUN_BLOCKS = 13  # the blocks marked `<!-- not run: ... -->`; change it with the marks
 SKIPPED_PROGRAMS = {
     "pip": "installs packages",
     "pytest": "runs this test suite itself",

@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeEngine
 from helpers import VaryingRewardTask, build_tiny_model
 
-from aepo_rl import probes
+from aepo_rl import probe_pool, probes
 from aepo_rl.cli import main
 from aepo_rl.config import ConfigError, load_config
 from aepo_rl.engines.hf import HFEngine
@@ -262,3 +262,47 @@ def test_an_unknown_probe_is_refused(capsys):
     assert err.value.code == 2 and "invalid choice: 'entropy-magic'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="unknown probe 'entropy-magic'"):
         probes.ProbeOptions().check("entropy-magic", load_config("aepo"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pooled over checkpoints: aepo report PROBE.json ...
+
+
+def probe_file(path, effects, probe="clip-gradient", model="ckpt"):
+    """An `aepo probe --out` file with these (metric, diff values) effects, diffs from probes.paired_effect."""
+    result = probes.ProbeResult(probe, probes.CLAIMS[probe], {"model": model, "task": "synthetic"},
+                                [probes.paired_effect(metric, values, None, ("a − b", ""), "> 0")
+                                 for metric, values in effects], units=[])
+    path.write_text(json.dumps(result.to_json()))
+    return str(path)
+
+
+def test_report_pools_probe_files_over_checkpoints(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # one line per table row
+    files = [probe_file(tmp_path / f"s{i}.json", [("d entropy", values), ("norm", [1.0, 1.2])], model=f"m{i}")
+             for i, values in enumerate(([0.19, 0.21, 0.2], [-0.31, -0.29, -0.3], [0.59, 0.61]))]
+    files.append(probe_file(tmp_path / "p.json", [("m − n/2", [1.0, 2.0])], probe="premonitor"))
+    pooled = probe_pool.pool(files)
+    assert list(pooled) == ["clip-gradient", "premonitor"] and len(pooled["clip-gradient"]["files"]) == 3
+    entropy = pooled["clip-gradient"]["metrics"][0]
+    assert [d["mean"] for d in entropy["per_file"]] == pytest.approx([0.2, -0.3, 0.6])
+    means = [0.2, -0.3, 0.6]  # the unit is the checkpoint: t-interval over the three files' effects
+    sd = math.sqrt(sum((m - 0.5 / 3) ** 2 for m in means) / 2)
+    assert entropy["pooled"]["mean"] == pytest.approx(0.5 / 3)
+    assert entropy["pooled"]["ci95"] == pytest.approx(4.302652729911275 * sd / math.sqrt(3))
+    assert (entropy["above"], entropy["below"]) == (2, 1)  # each file's own interval excludes 0
+    assert main(["report", *files, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "pooled over 3" in out and "2 / 1 of 3" in out and "- s1: m1 (synthetic)" in out
+    assert json.loads((tmp_path / "out" / "probes.json").read_text())["premonitor"]["metrics"][0]["pooled"]["n"] == 1
+
+
+def test_report_refuses_a_mix_and_names_a_file_that_is_no_probe_output(tmp_path, capsys):
+    good = probe_file(tmp_path / "good.json", [("norm", [1.0, 2.0])])
+    assert main(["report", good, str(tmp_path)]) == 2
+    assert "run folders or `aepo probe --out` JSON files, not both" in capsys.readouterr().err
+    (tmp_path / "metrics.json").write_text('{"step": 1}')
+    assert main(["report", good, str(tmp_path / "metrics.json")]) == 2
+    assert f"{tmp_path / 'metrics.json'}: not the output of `aepo probe --out`" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file" in capsys.readouterr().out
