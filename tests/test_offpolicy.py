@@ -504,6 +504,18 @@ def test_mismatch_warns_above_its_threshold():
     assert _fired([{**DEFAULTS, "rollout_corr/k3_kl": 0.01}] * 3) == [(3, "mismatch")]
 
 
+def test_in_bypass_mode_the_mismatch_warning_names_the_steps_own_drift():
+    """C7 with bypass mode (lab/notebook.md) warned `mismatch` at step 3 although the HF engine shares the
+    trainer's weights: there rollout_corr/* compares π_rollout with the policy being updated."""
+    drift = {**DEFAULTS, "rollout_corr/k3_kl": 0.05}
+    for health, words in ((RunHealth(bypass=True), "In bypass mode"), (RunHealth(), "the engine that sampled")):
+        messages = [message for step in (1, 2, 3) for kind, message in health.check(step, drift) if kind == "mismatch"]
+        assert len(messages) == 1 and words in messages[0]
+    cfg = load_config("aepo", overrides={"algorithm.rollout_correction.bypass_mode": True})
+    assert RunHealth.from_config(cfg.trainer, cfg.algorithm.rollout_correction).bypass
+    assert not RunHealth.from_config(cfg.trainer).bypass
+
+
 def test_the_run_folder_keeps_the_warnings_and_a_resume_does_not_repeat_them(tmp_path):
     rows = [{"step": i, **C7} for i in range(1, 5)]
 

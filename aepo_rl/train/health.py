@@ -30,15 +30,18 @@ class RunHealth:
     mismatch_kl: float = 0.001
     entropy_window: int = 10
     target_kl: float | None = None
+    bypass: bool = False
+    """Rollout Correction's bypass mode: ``rollout_corr/*`` then compares π_rollout with the policy being updated."""
     fired: set[str] = field(default_factory=set)
     streaks: dict[str, int] = field(default_factory=dict)
     entropies: deque = field(default_factory=deque)
 
     @classmethod
-    def from_config(cls, trainer) -> RunHealth:
-        """From ``cfg.trainer`` (a TrainerConfig)."""
+    def from_config(cls, trainer, rollout_correction=None) -> RunHealth:
+        """From ``cfg.trainer`` (a TrainerConfig) and, when given, ``cfg.algorithm.rollout_correction``."""
         return cls(trainer.warn_steps, trainer.warn_clipfrac, trainer.warn_ppo_kl, trainer.warn_mismatch_kl,
-                   trainer.warn_entropy_window, trainer.target_kl)
+                   trainer.warn_entropy_window, trainer.target_kl,
+                   bypass=bool(rollout_correction is not None and rollout_correction.bypass_mode))
 
     def check(self, step: int, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """(kind, message) of every warning that fires at ``step`` (each kind once per run)."""
@@ -72,7 +75,12 @@ class RunHealth:
                           f"{self.clipfrac:.2%}; normal 0.1-0.5%), actor/ppo_kl {kl or 0:.3g} (warns above "
                           f"{self.ppo_kl:g}): the samples are being reused too hard. {self._reuse_fix(m)}")
         mismatch, k3 = None, m.get("rollout_corr/k3_kl")
-        if k3 is not None and k3 > self.mismatch_kl:
+        if k3 is not None and k3 > self.mismatch_kl and self.bypass:
+            mismatch = (f"training-rollout drift for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
+                        f"{self.mismatch_kl:g}). In bypass mode this compares the rollout's log-probs with the policy "
+                        "being updated, so it measures how far the step's own updates moved the policy (an engine "
+                        f"disagreement adds to it). {self._reuse_fix(m)}")
+        elif k3 is not None and k3 > self.mismatch_kl:
             mismatch = (f"training-rollout mismatch for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
                         f"{self.mismatch_kl:g}): the engine that sampled and the trainer disagree on the sampled "
                         "tokens' log-probs (precision, another implementation, stale weights), or the engine "

@@ -340,9 +340,10 @@ def _rl_steps(cfg: Config, trainer: RLTrainer, run_dir: Path, init_model_dir: st
     The first Ctrl-C or SIGTERM finishes the step in flight, saves it and raises :class:`RunInterrupted`;
     a second one aborts mid-step (the last complete checkpoint stays valid).
     """
+    health = RunHealth.from_config(cfg.trainer, cfg.algorithm.rollout_correction)
     with RunLogger(run_dir, total_steps=cfg.trainer.steps, history=history, tensorboard=cfg.trainer.tensorboard,
                    wandb_project=cfg.trainer.wandb_project, run_name=run_dir.name, config=to_dict(cfg),
-                   console=get_console(), health=RunHealth.from_config(cfg.trainer)) as logger, StopOnSignals() as stop:
+                   console=get_console(), health=health) as logger, StopOnSignals() as stop:
         try:
             while trainer.global_step < cfg.trainer.steps:
                 metrics = trainer.step()
