@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aepo_rl.compare.stats import mean_ci95
+from aepo_rl.compare.stats import mean_interval
 from aepo_rl.errors import UserError
 
 
@@ -59,10 +59,7 @@ def pool(files: list[str | Path]) -> dict[str, dict[str, Any]]:
         rows = []
         for row in entry["metrics"].values():
             diffs = [row["per_file"].get(i) for i in range(len(entry["files"]))]
-            pooled = mean_ci95([d["mean"] for d in diffs if d is not None and d["mean"] is not None])
-            half = pooled["ci95"]
-            pooled.update(low=None if half is None else pooled["mean"] - half,
-                          high=None if half is None else pooled["mean"] + half)
+            pooled = mean_interval([d["mean"] for d in diffs if d is not None and d["mean"] is not None])
             rows.append({"metric": row["metric"], "expected": row["expected"], "per_file": diffs, "pooled": pooled,
                          "above": sum(d is not None and d.get("low") is not None and d["low"] > 0 for d in diffs),
                          "below": sum(d is not None and d.get("high") is not None and d["high"] < 0 for d in diffs)})

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from aepo_rl.algorithms import get_policy_loss
 from aepo_rl.algorithms.losses import HIGH_ENTROPY_QUANTILE
-from aepo_rl.compare import mean_ci95
+from aepo_rl.compare.stats import mean_interval
 from aepo_rl.config import Config, ConfigError
 from aepo_rl.engines import build_engine, check_entropy_measure
 from aepo_rl.errors import check_writable
@@ -85,9 +85,7 @@ def paired_effect(metric: str, a: list[float], b: list[float] | None, arms: tupl
     (``b`` None: a quantity that is itself a difference, such as the norm of g_sg − g_hard)."""
     if b is not None and len(a) != len(b):
         raise ValueError(f"{metric}: {len(a)} values against {len(b)}; a paired effect needs one pair per unit")
-    diff = mean_ci95(list(a) if b is None else [x - y for x, y in zip(a, b)])
-    half = diff["ci95"]
-    diff.update(low=None if half is None else diff["mean"] - half, high=None if half is None else diff["mean"] + half)
+    diff = mean_interval(list(a) if b is None else [x - y for x, y in zip(a, b)])
     return {"metric": metric, "arms": list(arms), "a": fmean(a) if a else None, "b": fmean(b) if b else None,
             "diff": diff, "expected": expected}
 

@@ -34,6 +34,14 @@ def mean_ci95(values: list[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": student_t_critical(n - 1) * std / math.sqrt(n), "n": n}
 
 
+def mean_interval(values: list[float]) -> dict[str, Any]:
+    """:func:`mean_ci95` with the interval's ends, ``low`` and ``high`` (None when n < 2)."""
+    out = mean_ci95(values)
+    half = out["ci95"]
+    out.update(low=None if half is None else out["mean"] - half, high=None if half is None else out["mean"] + half)
+    return out
+
+
 def summarize(runs: dict[str, list[dict[str, float | None]]],
               columns: list[Column]) -> dict[str, dict[str, dict[str, Any]]]:
     """``{arm: {column: mean_ci95 over seeds}}``."""
