@@ -407,6 +407,9 @@ def test_target_kl_stops_the_rest_of_the_step_once_the_kl_passes_it(tiny_tokeniz
     metrics = trainer.step()
     # 2 mini-batches × 2 epochs planned; the first is on-policy (KL 0) and stepped, the second's KL passes 1e-6
     assert len(steps) == 1 and metrics["actor/early_stop_frac"] == pytest.approx(3 / 4)
+    # the stopped mini-batch's metrics count in the step's means (as Stable-Baselines3 logs them): the stepped one's
+    # KL is exactly 0 (on-policy), so a positive mean is the drift the guard refused
+    assert metrics["actor/approx_kl"] > 1e-6 / 2
     steps.clear()
     loose = _trainer(tiny_tokenizer, **over, **{"trainer.target_kl": 100.0})
     step = loose.optimizer.step
