@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 
@@ -13,6 +14,7 @@ import aepo_rl.compare.runner
 from aepo_rl.compare import (
     Arm,
     arm_configs,
+    as_arms,
     compare_main,
     mean_ci95,
     parse_arm,
@@ -21,7 +23,7 @@ from aepo_rl.compare import (
     user_overrides,
     windowed_drift,
 )
-from aepo_rl.config import ConfigError, from_dict, load_config
+from aepo_rl.config import ConfigError, from_dict, load_config, to_yaml
 
 # t_{0.975, df} from standard tables
 T_TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 30: 2.0423}
@@ -510,3 +512,35 @@ def test_a_branching_metric_against_an_arm_that_never_branches_is_not_separated(
     assert "| aepo | 2 |" in paired_table(diffs, "grpo", columns) and len(columns) < len(COLUMNS) + 2
     trees = {"a": [row(i, True, 0.1 * i) for i in range(2)], "b": [row(i, True, 0.3) for i in range(2)]}
     assert separates(paired_differences(trees, "b", columns)["a"]["branches"]) != "n/a (no tree)"
+
+
+@pytest.mark.parametrize("other_finishes", [True, False])
+def test_a_run_another_process_holds_is_left_to_it_and_read_when_it_lets_go(fake_pipeline, tmp_path, monkeypatch,
+                                                                            other_finishes):
+    """Two processes can share one arm's seeds: a run whose lock (``<out>/<name>-seed<i>.lock``) another process
+    holds is skipped, and once this process's own runs are done it waits for that lock; then it reads the run the
+    other finished, or runs it itself when the other stopped first (a killed process's lock is dropped)."""
+    cfg = load_config("aepo", overrides=["rollout.n=4"])
+    seed0 = arm_configs(cfg, as_arms(["aepo"], 3), 2)[("aepo", 0)]
+    other = (tmp_path / "aepo-seed0.lock").open("a")  # another open file: flock treats it as another process
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    ours = aepo_rl.compare.runner.run_rl_stage
+
+    def run_rl_stage(run_cfg, init_model_dir, run_dir):
+        result = ours(run_cfg, init_model_dir, run_dir)
+        if run_dir.name == "aepo-seed2":  # meanwhile the other process ends seed 0 (or stops), and lets go
+            if other_finishes:
+                ours(seed0, init_model_dir, tmp_path / "aepo-seed0")
+                fake_pipeline["rl"].pop()  # that run was the other process's
+                (tmp_path / "aepo-seed0" / "config.yaml").write_text(to_yaml(seed0))
+            fcntl.flock(other, fcntl.LOCK_UN)
+        return result
+
+    monkeypatch.setattr(aepo_rl.compare.runner, "run_rl_stage", run_rl_stage)
+    assert compare_main(cfg, ["aepo"], seeds=3, steps=2, out_dir=str(tmp_path)) == 0
+    other.close()
+    ran = [d.name for _, _, d in fake_pipeline["rl"]]
+    assert ran == (["aepo-seed1", "aepo-seed2"] if other_finishes else ["aepo-seed1", "aepo-seed2", "aepo-seed0"])
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert [r["seed_index"] for r in data["runs"]["aepo"]] == [0, 1, 2]  # the whole arm, in seed order
+    assert [r["pass@k"] for r in data["runs"]["aepo"]] == [0.8, 0.8, 0.9]

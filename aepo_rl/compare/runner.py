@@ -26,14 +26,19 @@ from aepo_rl.train.pipeline import evaluate_model, run_rl_stage, run_sft_stage
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def _locked(path: Path, *, wait: bool = True):
     """An exclusive ``flock`` on ``path`` (created) for the ``with`` block: another `aepo compare` process on
-    the same folder waits here (the SFT stage, the tables)."""
+    the same folder waits here (the SFT stage, a run, the tables). Yields whether the lock is held: with
+    ``wait=False`` it is not when another process holds it. The kernel drops a killed process's lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -50,6 +55,12 @@ def _finished(run_dir: Path, cfg: Config, key: str = "rl") -> dict | None:
         return None
 
 
+def _train(run_cfg: Config, sft_model_dir: str, run_dir: Path) -> dict:
+    """One arm × seed run from the SFT model (resuming from its newest checkpoint when it has one)."""
+    atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
+    return run_rl_stage(run_cfg, sft_model_dir, run_dir)
+
+
 def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: int, steps: int | None = None,
                  out_dir: str | None = None, reference: str | None = None, table_only: bool = False) -> int:
     """`aepo compare`: SFT once, then RL for every arm × seed; table, JSON, markdown and plots.
@@ -57,11 +68,12 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
     ``presets``: :class:`Arm` objects or preset names (``seeds`` runs each), or ``{preset: runs}``. Run again
     with the same ``out_dir``, it keeps what is done: the SFT model and its evaluation, every run whose
     ``eval.json`` holds its final evaluation under the same config, and an interrupted run resumes from
-    its newest checkpoint. Another process may run other arms in the same ``out_dir`` at the same time:
-    the first builds and evaluates the SFT model while the other waits (a file lock), and each writes
-    the tables of its own arms (``table_only`` over the union tabulates them all). ``reference``
-    (default ``aepo`` when compared, else the first arm): the arm the paired differences are taken
-    against. ``table_only``: train nothing, tabulate the runs finished so far.
+    its newest checkpoint. Another process may run the same or other arms in the same ``out_dir`` at the
+    same time: the first builds and evaluates the SFT model while the other waits (a file lock); each run
+    has its own lock, so a process takes the runs no other holds and then waits for the others' to read
+    their results; each writes the tables of its own arms (``table_only`` over the union tabulates them
+    all). ``reference`` (default ``aepo`` when compared, else the first arm): the arm the paired
+    differences are taken against. ``table_only``: train nothing, tabulate the runs finished so far.
     """
     arms = as_arms(presets, seeds)
     names = [arm.name for arm in arms]
@@ -90,24 +102,40 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
             if sft_eval is None:
                 sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
                 atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    run_dirs, missing = [], []
+    results: dict[tuple[str, int], dict] = {}
+    missing, elsewhere = [], []
     with PhaseProgress("compare", len(configs), unit="runs") as progress:
-        for (name, index), run_cfg in configs.items():
-            run_dir = out / f"{name}-seed{index}"
+        # each run under its own lock (<out>/<name>-seed<i>.lock): a run another process holds is left to it
+        # and waited for once this process's own runs are done, so two processes can share one arm's seeds
+        for key, run_cfg in configs.items():
+            run_dir = out / f"{key[0]}-seed{key[1]}"
             eval_result = _finished(run_dir, run_cfg)
             if eval_result is None and table_only:
                 missing.append(run_dir.name)
-                progress.advance(info=f"{name} seed {index} not finished")
+                progress.advance(info=f"{key[0]} seed {key[1]} not finished")
                 continue
             if eval_result is None:
-                atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
-                eval_result = run_rl_stage(run_cfg, sft_model_dir, run_dir)
+                with _locked(out / f"{run_dir.name}.lock", wait=False) as mine:
+                    if not mine:
+                        elsewhere.append(key)
+                        continue
+                    eval_result = _finished(run_dir, run_cfg) or _train(run_cfg, sft_model_dir, run_dir)
+            results[key] = eval_result
+            progress.advance(info=f"{key[0]} seed {key[1]} done")
+        for key in elsewhere:  # its result once the other process lets go (or the run, if that process stopped)
+            run_cfg, run_dir = configs[key], out / f"{key[0]}-seed{key[1]}"
+            with _locked(out / f"{run_dir.name}.lock"):
+                results[key] = _finished(run_dir, run_cfg) or _train(run_cfg, sft_model_dir, run_dir)
+            progress.advance(info=f"{key[0]} seed {key[1]} done (another process ran it)")
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    run_dirs = []
+    for (name, index), run_cfg in configs.items():
+        if (name, index) in results:
+            run_dir = out / f"{name}-seed{index}"
             runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
                                "tree": run_cfg.rollout.mode != "independent",
-                               **run_metrics(eval_result, run_cfg.eval.split, run_dir)})
+                               **run_metrics(results[name, index], run_cfg.eval.split, run_dir)})
             run_dirs.append(run_dir)
-            progress.advance(info=f"{name} seed {index} done")
     num_steps = next(iter(configs.values())).trainer.steps
     sft_metrics = eval_metrics(sft_eval, cfg.eval.split, out / "sft")
     columns = columns_of([sft_metrics, *(row for rows in runs.values() for row in rows)])
