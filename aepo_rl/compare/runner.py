@@ -55,10 +55,18 @@ def _finished(run_dir: Path, cfg: Config, key: str = "rl") -> dict | None:
         return None
 
 
-def _train(run_cfg: Config, sft_model_dir: str, run_dir: Path) -> dict:
-    """One arm × seed run from the SFT model (resuming from its newest checkpoint when it has one)."""
-    atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
-    return run_rl_stage(run_cfg, sft_model_dir, run_dir)
+def _take(run_cfg: Config, sft_model_dir: str, run_dir: Path, *, wait: bool) -> dict | None:
+    """One arm × seed run under its lock (``<run_dir>.lock``): its result when another process finished it
+    meanwhile, else the run from the SFT model (resuming from its newest checkpoint when it has one). None when
+    another process holds the lock and ``wait`` is False."""
+    with _locked(run_dir.with_name(f"{run_dir.name}.lock"), wait=wait) as mine:
+        if not mine:
+            return None
+        finished = _finished(run_dir, run_cfg)
+        if finished is not None:
+            return finished
+        atomic_write_text(run_dir / "config.yaml", to_yaml(run_cfg))
+        return run_rl_stage(run_cfg, sft_model_dir, run_dir)
 
 
 def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: int, steps: int | None = None,
@@ -102,40 +110,36 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
             if sft_eval is None:
                 sft_eval = evaluate_model(cfg, sft_model_dir, get_task(cfg))
                 atomic_write_text(out / "sft" / "eval.json", json.dumps({"sft": sft_eval}, indent=2))
+    folders = {(name, index): out / f"{name}-seed{index}" for name, index in configs}
     results: dict[tuple[str, int], dict] = {}
     missing, elsewhere = [], []
     with PhaseProgress("compare", len(configs), unit="runs") as progress:
-        # each run under its own lock (<out>/<name>-seed<i>.lock): a run another process holds is left to it
-        # and waited for once this process's own runs are done, so two processes can share one arm's seeds
+        # a run another process holds is left to it and waited for once this process's own runs are done,
+        # so two processes can share one arm's seeds
         for key, run_cfg in configs.items():
-            run_dir = out / f"{key[0]}-seed{key[1]}"
-            eval_result = _finished(run_dir, run_cfg)
-            if eval_result is None and table_only:
-                missing.append(run_dir.name)
-                progress.advance(info=f"{key[0]} seed {key[1]} not finished")
+            label = f"{key[0]} seed {key[1]}"
+            result = _finished(folders[key], run_cfg)
+            if result is None and table_only:
+                missing.append(folders[key].name)
+                progress.advance(info=f"{label} not finished")
                 continue
-            if eval_result is None:
-                with _locked(out / f"{run_dir.name}.lock", wait=False) as mine:
-                    if not mine:
-                        elsewhere.append(key)
-                        continue
-                    eval_result = _finished(run_dir, run_cfg) or _train(run_cfg, sft_model_dir, run_dir)
-            results[key] = eval_result
-            progress.advance(info=f"{key[0]} seed {key[1]} done")
+            if result is None:
+                result = _take(run_cfg, sft_model_dir, folders[key], wait=False)
+                if result is None:
+                    elsewhere.append(key)
+                    continue
+            results[key] = result
+            progress.advance(info=f"{label} done")
         for key in elsewhere:  # its result once the other process lets go (or the run, if that process stopped)
-            run_cfg, run_dir = configs[key], out / f"{key[0]}-seed{key[1]}"
-            with _locked(out / f"{run_dir.name}.lock"):
-                results[key] = _finished(run_dir, run_cfg) or _train(run_cfg, sft_model_dir, run_dir)
+            results[key] = _take(configs[key], sft_model_dir, folders[key], wait=True)
             progress.advance(info=f"{key[0]} seed {key[1]} done (another process ran it)")
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    run_dirs = []
+    run_dirs = [folders[key] for key in configs if key in results]
     for (name, index), run_cfg in configs.items():
         if (name, index) in results:
-            run_dir = out / f"{name}-seed{index}"
-            runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
+            runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(folders[name, index]),
                                "tree": run_cfg.rollout.mode != "independent",
-                               **run_metrics(results[name, index], run_cfg.eval.split, run_dir)})
-            run_dirs.append(run_dir)
+                               **run_metrics(results[name, index], run_cfg.eval.split, folders[name, index])})
     num_steps = next(iter(configs.values())).trainer.steps
     sft_metrics = eval_metrics(sft_eval, cfg.eval.split, out / "sft")
     columns = columns_of([sft_metrics, *(row for rows in runs.values() for row in rows)])

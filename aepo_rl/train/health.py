@@ -75,16 +75,13 @@ class RunHealth:
                           f"{self.clipfrac:.2%}; normal 0.1-0.5%), actor/ppo_kl {kl or 0:.3g} (warns above "
                           f"{self.ppo_kl:g}): the samples are being reused too hard. {self._reuse_fix(m)}")
         mismatch, k3 = None, m.get("rollout_corr/k3_kl")
-        mismatched = k3 is not None and k3 > self.mismatch_kl
-        if mismatched and self.bypass:
-            mismatch = (f"training-rollout drift for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
-                        f"{self.mismatch_kl:g}). In bypass mode this compares the rollout's log-probs with the policy "
-                        "being updated, so it measures how far the step's own updates moved the policy (an engine "
-                        f"disagreement adds to it). {self._reuse_fix(m)}")
-        elif mismatched:
-            mismatch = (f"training-rollout mismatch for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above "
-                        f"{self.mismatch_kl:g}): the engine that sampled and the trainer disagree on the sampled "
-                        "tokens' log-probs (precision, another implementation, stale weights), or the engine "
+        if k3 is not None and k3 > self.mismatch_kl:
+            seen = f"for {n} steps: rollout_corr/k3_kl {k3:.3g} (warns above {self.mismatch_kl:g})"
+            mismatch = (f"training-rollout drift {seen}. In bypass mode this compares the rollout's log-probs with "
+                        "the policy being updated, so it measures how far the step's own updates moved the policy "
+                        f"(an engine disagreement adds to it). {self._reuse_fix(m)}" if self.bypass else
+                        f"training-rollout mismatch {seen}: the engine that sampled and the trainer disagree on the "
+                        "sampled tokens' log-probs (precision, another implementation, stale weights), or the engine "
                         "records the tempered distribution it sampled from "
                         "(rollout.logprobs_mode=processed_logprobs) and the trainer trains the untempered policy, a "
                         "real temperature gap. Fix: algorithm.rollout_correction.rollout_is=token (truncated "
