@@ -1,5 +1,5 @@
 """Cross-references resolve: every § points at a section of docs/algorithm.md, no text cites a
-document outside the repository or an issue number, and relative Markdown links reach files."""
+document outside the repository or an issue number, and relative Markdown links reach files and headings."""
 
 from __future__ import annotations
 
@@ -91,17 +91,17 @@ def test_no_reference_to_documents_outside_the_repository_or_to_issue_numbers():
     assert not found, "\n".join(found)
 
 
-def relative_links(text: str) -> list[tuple[int, str]]:
-    """(position, target) of every Markdown link outside code that is neither a URL nor an anchor."""
+def markdown_links(text: str) -> list[tuple[int, str]]:
+    """(position, target) of every Markdown link outside code that is not a URL."""
     blank = lambda m: " " * len(m.group(0))  # noqa: E731 - keeps positions (line numbers) intact
     prose = INLINE_CODE.sub(blank, FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text))
-    links = []
-    for m in MD_LINK.finditer(prose):
-        target = m.group(1)
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
-            continue
-        links.append((m.start(), target))
-    return links
+    return [(m.start(), m.group(1)) for m in MD_LINK.finditer(prose)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", m.group(1), re.I)]
+
+
+def relative_links(text: str) -> list[tuple[int, str]]:
+    """(position, target) of every Markdown link outside code that is neither a URL nor an anchor."""
+    return [(pos, target) for pos, target in markdown_links(text) if not target.startswith("#")]
 
 
 def test_relative_markdown_links_point_at_existing_files():
@@ -113,6 +113,48 @@ def test_relative_markdown_links_point_at_existing_files():
             if file_part and not (path.parent / file_part).exists():
                 broken.append(f"{where(path, text, pos)}: {target}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: the heading's text (link and code marks dropped, their words
+    kept) in lower case, every character that is not a letter, digit, space, hyphen or underscore removed, spaces
+    made hyphens; a repeated anchor gets -1, -2, ..."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*$", FENCE.sub("", text), re.M):
+        words = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").lower()
+        anchor = re.sub(r"[^\w\- ]", "", words).replace(" ", "-")
+        candidate, i = anchor, 0
+        while candidate in anchors:
+            i += 1
+            candidate = f"{anchor}-{i}"
+        anchors.add(candidate)
+    return anchors
+
+
+def test_markdown_links_name_existing_headings():
+    broken = []
+    for path in markdown_files():
+        text = read(path)
+        for pos, target in markdown_links(text):
+            file_part, _, anchor = target.partition("#")
+            page = path.parent / file_part if file_part else path
+            if anchor and page.suffix == ".md" and page.exists() and anchor not in heading_anchors(read(page)):
+                broken.append(f"{where(path, text, pos)}: {target}")
+    assert not broken, "links to headings that do not exist (GitHub's anchor of the heading):\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    ("## PhantomWiki (`task.name=phantomwiki`)", "phantomwiki-tasknamephantomwiki"),
+    ("## The equivalence study (pre-registered): AEPO, ARPO and GRPO within ±3 points",
+     "the-equivalence-study-pre-registered-aepo-arpo-and-grpo-within-3-points"),
+    ("### 2.11 Rollout Correction and the target-KL guard (off-policy training)",
+     "211-rollout-correction-and-the-target-kl-guard-off-policy-training"),
+    ("## [`aepo probe`](x.md): each", "aepo-probe-each"),
+])
+def test_heading_anchors_as_github_makes_them(heading, anchor):
+    assert anchor in heading_anchors(heading)
+    assert {anchor, anchor + "-1"} <= heading_anchors(f"{heading}\n\n{heading}\n")
+    assert not heading_anchors(f"```\n{heading}\n```\n")
 
 
 @pytest.mark.parametrize("text, expected", [
