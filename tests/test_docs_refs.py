@@ -1,5 +1,6 @@
 """Cross-references resolve: every § points at a section of docs/algorithm.md, no text cites a
-document outside the repository or an issue number, and relative Markdown links reach files and headings."""
+document outside the repository or an issue number, relative Markdown links reach files and headings;
+and the README stays within 10 KB."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def where(path: Path, text: str, pos: int) -> str:
 def algorithm_sections(text: str) -> list[str]:
     """The numbers of the numbered headings of docs/algorithm.md ("1", "1.2", ...)."""
     return [m.group(1) for m in (NUMBERED.match(h) for h in HEADING.findall(text)) if m]
+
+
+def test_readme_is_the_front_door_not_the_manual():
+    """The README stays within 10 KB (10,240 bytes); everything longer belongs on a page of docs/."""
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 10_240, f"README.md is {size} bytes, over 10,240: move the detail to a page of docs/ and link it"
 
 
 def test_algorithm_document_has_numbered_unique_headings():
