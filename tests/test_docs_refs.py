@@ -139,13 +139,17 @@ def heading_anchors(text: str) -> set[str]:
 
 
 def test_markdown_links_name_existing_headings():
-    broken = []
+    broken, anchors = [], {}  # anchors: each linked page's, read once
     for path in markdown_files():
         text = read(path)
         for pos, target in markdown_links(text):
             file_part, _, anchor = target.partition("#")
-            page = path.parent / file_part if file_part else path
-            if anchor and page.suffix == ".md" and page.exists() and anchor not in heading_anchors(read(page)):
+            page = (path.parent / file_part if file_part else path).resolve()
+            if not anchor or page.suffix != ".md" or not page.exists():
+                continue
+            if page not in anchors:
+                anchors[page] = heading_anchors(read(page))
+            if anchor not in anchors[page]:
                 broken.append(f"{where(path, text, pos)}: {target}")
     assert not broken, "links to headings that do not exist (GitHub's anchor of the heading):\n" + "\n".join(broken)
 

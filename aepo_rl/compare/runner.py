@@ -134,12 +134,15 @@ def compare_main(cfg: Config, presets: list[Arm | str] | dict[str, int], seeds: 
             results[key] = _take(configs[key], sft_model_dir, folders[key], wait=True)
             progress.advance(info=f"{key[0]} seed {key[1]} done (another process ran it)")
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    run_dirs = [folders[key] for key in configs if key in results]
-    for (name, index), run_cfg in configs.items():
-        if (name, index) in results:
-            runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(folders[name, index]),
-                               "tree": run_cfg.rollout.mode != "independent",
-                               **run_metrics(results[name, index], run_cfg.eval.split, folders[name, index])})
+    run_dirs = []
+    for (name, index), run_cfg in configs.items():  # in the configs' order, whichever process ran each
+        if (name, index) not in results:
+            continue
+        run_dir = folders[name, index]
+        runs[name].append({"seed": run_cfg.trainer.seed, "seed_index": index, "run_dir": str(run_dir),
+                           "tree": run_cfg.rollout.mode != "independent",
+                           **run_metrics(results[name, index], run_cfg.eval.split, run_dir)})
+        run_dirs.append(run_dir)
     num_steps = next(iter(configs.values())).trainer.steps
     sft_metrics = eval_metrics(sft_eval, cfg.eval.split, out / "sft")
     columns = columns_of([sft_metrics, *(row for rows in runs.values() for row in rows)])
